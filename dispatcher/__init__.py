@@ -1,0 +1,22 @@
+"""gemm-dispatcher: one Python API for every GEMM variant, as pluggy plugins.
+
+    import dispatcher, numpy as np
+    c = dispatcher.gemm(np.ones((64, 32), np.float32), np.ones((32, 16), np.float32))
+
+See docs/architecture.md for the path of a call through the hooks.
+"""
+
+from .api import Dispatcher, gemm, grouped_gemm
+from .build import BuildCache
+from .config import KernelConfig
+from .errors import (AliasingError, BuildError, CacheError, ConfigError, DispatcherError,
+                     DtypeError, KernelError, LayoutError, LibraryError, PluginError,
+                     ProblemError, ToolchainError, UnsupportedProblem)
+from .problem import GemmProblem, GroupedGemmProblem
+
+__all__ = [
+    "Dispatcher", "gemm", "grouped_gemm", "BuildCache", "KernelConfig", "GemmProblem",
+    "GroupedGemmProblem", "AliasingError", "BuildError", "CacheError", "ConfigError",
+    "DispatcherError", "DtypeError", "KernelError", "LayoutError", "LibraryError", "PluginError",
+    "ProblemError", "ToolchainError", "UnsupportedProblem",
+]

@@ -1,0 +1,178 @@
+"""The Python API: `gemm`, `grouped_gemm` and the step-by-step `Dispatcher`.
+
+One call walks select -> codegen -> build -> load -> launch through the
+hooks (see `dispatcher.hookspecs`). Libraries are built on first use and
+cached on disk; loaded libraries and selections are memoized per process.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import targets
+from .build import BuildCache
+from .config import KernelConfig
+from .errors import ConfigError, PluginError, UnsupportedProblem
+from .library import Library
+from .plugins import get_manager
+from .problem import GroupedGemmProblem, prepare_gemm, prepare_grouped
+
+
+class Dispatcher:
+    """The four hook steps, one method each, plus `run` that chains them."""
+
+    def __init__(self, cache: BuildCache | None = None, tuning=None, manager=None):
+        self.manager = manager or get_manager()
+        self.cache = cache or BuildCache()
+        self.tuning = tuning
+        self._libraries: dict = {}
+        self._selected: dict = {}
+        self._lock = threading.Lock()
+
+    @property
+    def hook(self):
+        return self.manager.hook
+
+    # ------------------------------------------------------------ the steps
+    def candidates(self, problem) -> list:
+        """The variant's default configs for this problem that can be built here."""
+        record = self.manager.variant(problem.variant)
+        configs = {}
+        for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
+            config = self.config_for(problem, fields)
+            if not config.problems():
+                configs[config.name] = config
+        return [configs[n] for n in sorted(configs)]
+
+    def config_for(self, problem, fields) -> KernelConfig:
+        """A KernelConfig for `problem` from a dict of fields (tiles, block options)."""
+        base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
+                    dtype_c=problem.out_dtype, layout=problem.layout)
+        return KernelConfig.create(**{**base, **fields})
+
+    def select(self, problem) -> KernelConfig:
+        key = problem
+        if key not in self._selected:
+            chosen = self.hook.dispatcher_select_library(
+                problem=problem, candidates=self.candidates(problem), tuning=self.tuning)
+            if chosen is None:
+                raise PluginError(f"no kernel can run variant {problem.variant!r} on "
+                                  f"{problem.target!r} for {problem.dtype} {problem.layout}")
+            self._selected[key] = chosen
+        return self._selected[key]
+
+    def codegen(self, config: KernelConfig):
+        problems = config.problems()
+        if problems:
+            raise ConfigError(f"cannot build {config.name}: {'; '.join(problems)}")
+        source = self.hook.dispatcher_codegen(config=config, target=targets.get(config.target))
+        if source is None:
+            raise PluginError(f"no plugin generates code for variant {config.variant!r}")
+        return source
+
+    def build(self, source):
+        built = self.hook.dispatcher_build(source=source, target=targets.get(source.config.target),
+                                           cache=self.cache)
+        if built is None:
+            raise PluginError(f"no plugin builds {source.name}")
+        return built
+
+    def load(self, built, config: KernelConfig) -> Library:
+        return Library(built.path, expected_name=config.name, config=config)
+
+    def launch(self, library: Library, problem, operands, options=None):
+        result = self.hook.dispatcher_launch(library=library, problem=problem, operands=operands,
+                                             options=dict(options or {}))
+        if result is None:
+            raise PluginError(f"no plugin launches variant {problem.variant!r}")
+        return result
+
+    # ------------------------------------------------------------- chains
+    def library(self, config: KernelConfig) -> Library:
+        """The loaded library of `config`: built once per machine, loaded once per process."""
+        with self._lock:
+            if config not in self._libraries:
+                self._libraries[config] = self.load(self.build(self.codegen(config)), config)
+            return self._libraries[config]
+
+    def run(self, problem, operands, config=None, options=None):
+        config = self.select(problem) if config is None else self._check_config(problem, config)
+        return self.launch(self.library(config), problem, operands, options)
+
+    def _check_config(self, problem, config) -> KernelConfig:
+        if isinstance(config, dict):
+            return self.config_for(problem, config)
+        for field, want in (("variant", problem.variant), ("target", problem.target),
+                            ("dtype_a", problem.dtype), ("dtype_c", problem.out_dtype),
+                            ("layout", problem.layout)):
+            if getattr(config, field) != want:
+                raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
+                                  f"but the problem needs {want!r}")
+        return config
+
+
+_DEFAULT: Dispatcher | None = None
+
+
+def default_dispatcher() -> Dispatcher:
+    global _DEFAULT
+    if _DEFAULT is None or _DEFAULT.manager is not get_manager():
+        _DEFAULT = Dispatcher()
+    return _DEFAULT
+
+
+def _resolve_target(target: str, *arrays) -> str:
+    if target == "auto":
+        return targets.for_arrays(*arrays)
+    targets.get(target)
+    return target
+
+
+def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant="regular",
+         target="cpu", config=None, strict=False, options=None, dispatcher=None):
+    """alpha * a @ b + beta * c, on the selected (or given) kernel.
+
+    a, b: 2-D arrays of one input dtype, row- or column-major (views are read
+    in place). c: the matrix beta scales (needed when beta != 0). out: write
+    the result here (any layout); else a new row-major array is returned.
+    out_dtype: defaults to CK's rule (fp8 -> fp16, int8 -> int32).
+    config: a KernelConfig or a dict of config fields; None selects one.
+    strict: if the kernel cannot run the problem (status -2), raise
+    `UnsupportedProblem` instead of falling back to the variant's fallback.
+    """
+    target = _resolve_target(target, a, b)
+    problem, operands, result = prepare_gemm(a, b, c=c, out=out, alpha=alpha, beta=beta,
+                                             out_dtype=out_dtype, variant=variant, target=target)
+    if problem.m == 0 or problem.n == 0:
+        return result
+    if problem.k == 0:
+        result[...] = (beta * result.astype("float64")).astype(result.dtype) if beta else 0
+        return result
+    d = dispatcher or default_dispatcher()
+    try:
+        d.run(problem, operands, config, options)
+    except UnsupportedProblem:
+        fallback = d.manager.variant(variant).fallback
+        if strict or config is not None or not fallback:
+            raise
+        import attrs
+        d.run(attrs.evolve(problem, variant=fallback), operands, None, options)
+    return result
+
+
+def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
+                 variant="grouped", options=None, dispatcher=None):
+    """[alpha * a_g @ b_g for each g] in one launch; returns a list of arrays.
+
+    Groups may differ in M, N and K (M_g = 0 is fine); they share one dtype
+    and one layout.
+    """
+    target = _resolve_target(target, *list(list_a), *list(list_b))
+    problem, operands, results = prepare_grouped(list_a, list_b, out_dtype=out_dtype, alpha=alpha,
+                                                 variant=variant, target=target)
+    if not isinstance(problem, GroupedGemmProblem) or not any(m * n for m, n, _ in problem.groups):
+        for r in results:
+            r[...] = 0
+        return results
+    (dispatcher or default_dispatcher()).run(problem, operands, config, options)
+    return results

@@ -1,0 +1,41 @@
+"""The core's default hook implementations (registered as `dispatcher.defaults`).
+
+They run last (`trylast`), so any variant plugin can answer first:
+`dispatcher_build` compiles with the target's toolchain, and
+`dispatcher_select_library` asks the tuning database, then a deterministic
+occupancy heuristic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import targets
+from .hookspecs import hookimpl
+
+
+@hookimpl(trylast=True)
+def dispatcher_build(source, target, cache):
+    return cache.build(source, target.toolchain())
+
+
+@hookimpl(trylast=True)
+def dispatcher_select_library(problem, candidates, tuning):
+    if not candidates:
+        return None
+    if tuning is not None:
+        tuned = tuning.lookup(problem, candidates)
+        if tuned is not None:
+            return tuned
+    return min(candidates, key=lambda c: (estimated_cost(problem, c), c.name))
+
+
+def estimated_cost(problem, config) -> float:
+    """Relative time of `config` on `problem`: the waves of block tiles over
+    the target's parallel workers, each costing its padded area plus the
+    packing overhead that makes small tiles slow."""
+    workers = targets.get(config.target).parallelism(config)
+    tiles = problem.tile_count(config.tile_m, config.tile_n)
+    waves = math.ceil(tiles / workers)
+    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_m + 24.0 / config.tile_n)
+    return waves * per_tile

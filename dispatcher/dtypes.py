@@ -1,0 +1,113 @@
+"""The one dtype table: token, numpy type, accumulator and default output.
+
+Every other module asks this table; no other module spells a dtype rule.
+8-bit floats come from ml_dtypes in both OCP (`float8_e4m3fn`, `float8_e5m2`)
+and FNUZ (`float8_e4m3fnuz`, `float8_e5m2fnuz`) encodings.
+"""
+
+from __future__ import annotations
+
+import attrs
+import ml_dtypes
+import numpy as np
+
+from .errors import DtypeError
+
+
+@attrs.frozen
+class DType:
+    token: str            # the name used in configs and kernel names
+    numpy: np.dtype
+    acc: str              # accumulator token
+    default_out: str      # output token when the caller does not ask
+    outputs: tuple        # output tokens a kernel may write
+    is_float8: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+
+_FLOAT_OUT = ("fp32", "fp16", "bf16")
+
+TABLE: dict[str, DType] = {
+    d.token: d
+    for d in (
+        DType("fp32", np.dtype(np.float32), "fp32", "fp32", _FLOAT_OUT),
+        DType("fp16", np.dtype(np.float16), "fp32", "fp16", _FLOAT_OUT),
+        DType("bf16", np.dtype(ml_dtypes.bfloat16), "fp32", "bf16", _FLOAT_OUT),
+        DType("fp8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn), "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), "fp32", "fp16", _FLOAT_OUT, True),
+        DType("int8", np.dtype(np.int8), "int32", "int32", ("int32",)),
+        DType("int32", np.dtype(np.int32), "int32", "int32", ("int32",)),
+    )
+}
+
+INPUT_TOKENS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "int8")
+
+# Aliases users type: numpy names and CK's short tokens.
+_ALIASES = {
+    "float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+    "float8_e4m3fnuz": "fp8_e4m3fnuz", "float8_e5m2fnuz": "fp8_e5m2fnuz",
+    "fp8": "fp8_e4m3", "bf8": "fp8_e5m2",
+}
+
+
+def get(spec) -> DType:
+    """A DType from a token, an alias, or a numpy dtype."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str):
+        token = _ALIASES.get(spec, spec)
+        if token in TABLE:
+            return TABLE[token]
+        raise DtypeError(f"unknown dtype {spec!r}; supported: {', '.join(TABLE)}")
+    try:
+        np_dtype = np.dtype(spec)
+    except TypeError:
+        raise DtypeError(f"unknown dtype {spec!r}; supported: {', '.join(TABLE)}") from None
+    for d in TABLE.values():
+        if d.numpy == np_dtype:
+            return d
+    raise DtypeError(f"dtype {np_dtype} is not supported; supported: {', '.join(TABLE)}")
+
+
+def output_for(input_token: str, requested=None) -> DType:
+    """The output dtype of a GEMM on `input_token` inputs (CK's rule unless
+    the caller asks for another supported one)."""
+    src = get(input_token)
+    if requested is None:
+        return get(src.default_out)
+    out = get(requested)
+    if out.token not in src.outputs:
+        raise DtypeError(
+            f"output dtype {out.token!r} is not supported for {src.token} inputs; "
+            f"choose one of {', '.join(src.outputs)}")
+    return out
+
+
+def float8_decode_table(token: str) -> list[float]:
+    """The float32 value of each of the 256 bit patterns of an 8-bit float."""
+    d = get(token)
+    if not d.is_float8:
+        raise DtypeError(f"{token} is not an 8-bit float")
+    return np.arange(256, dtype=np.uint8).view(d.numpy).astype(np.float32).tolist()
+
+
+def relative_tolerance(out_token: str, k: int, splits: int = 1) -> float:
+    """A bound for max|out-ref|/max|ref| of a GEMM writing `out_token`,
+    against a float64 reference computed on the same quantized inputs.
+
+    Inputs are exact in the compute type, so the error is float32
+    accumulation (grows ~sqrt(K) per partial sum and with the number of
+    partial sums) plus one rounding to the output dtype. Integer GEMMs are exact.
+    """
+    out = get(out_token)
+    if out.acc == "int32":
+        return 0.0
+    rounding = {"fp32": 2.0**-23, "fp16": 2.0**-10, "bf16": 2.0**-7}[out.token]
+    accumulation = 2.0**-23 * 4 * np.sqrt(max(k, 1)) * max(splits, 1)
+    return float(4 * rounding + accumulation)

@@ -1,0 +1,174 @@
+"""Loading a built library and calling its C ABI (dispatcher/native/dispatcher_abi.h).
+
+The loader probes the exported symbols, checks the ABI version and that the
+library reports the kernel name it was built for (so a drift between the
+Python name and the generated source is caught), and maps status codes to
+exceptions: -1 -> KernelError with the library's last error, -2 ->
+UnsupportedProblem.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from .errors import KernelError, LibraryError, UnsupportedProblem
+
+ABI_VERSION = 1
+STATUS_OK, STATUS_ERROR, STATUS_UNSUPPORTED = 0, -1, -2
+
+_i64 = ctypes.c_int64
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_vp = ctypes.c_void_p
+
+
+class GemmArgs(ctypes.Structure):
+    _fields_ = [("a", _vp), ("b", _vp), ("c", _vp),
+                ("m", _i64), ("n", _i64), ("k", _i64),
+                ("lda", _i64), ("ldb", _i64), ("ldc", _i64),
+                ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("workspace", _vp), ("workspace_bytes", _i64),
+                ("workers", ctypes.c_int32), ("stream", _vp)]
+
+
+class GroupedArgs(ctypes.Structure):
+    _fields_ = [("group_count", _i64), ("m", _i64p), ("n", _i64p), ("k", _i64p),
+                ("a", ctypes.POINTER(_vp)), ("b", ctypes.POINTER(_vp)), ("c", ctypes.POINTER(_vp)),
+                ("lda", _i64p), ("ldb", _i64p), ("ldc", _i64p),
+                ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("workspace", _vp), ("workspace_bytes", _i64), ("stream", _vp)]
+
+
+_GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgs))
+
+
+class RegistryEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("run", _GEMM_FN)]
+
+
+@attrs.frozen
+class LaunchResult:
+    kernel: str
+    status: int = STATUS_OK
+    workspace_bytes: int = 0
+
+
+class Library:
+    """One loaded .so. `symbols` lists which optional entry points it has."""
+
+    OPTIONAL = ("dispatcher_run_gemm", "dispatcher_run_grouped_gemm", "dispatcher_registry",
+                "dispatcher_workspace_size", "dispatcher_grouped_workspace_size")
+
+    def __init__(self, path, expected_name: str | None = None, config=None):
+        self.path = Path(path)
+        self.config = config
+        try:
+            self._dll = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise LibraryError(f"cannot load {self.path}: {e}") from None
+        for required in ("dispatcher_abi_version", "dispatcher_kernel_name", "dispatcher_last_error"):
+            if not hasattr(self._dll, required):
+                raise LibraryError(f"{self.path} does not export {required}: not a gemm-dispatcher library")
+        self._dll.dispatcher_kernel_name.restype = ctypes.c_char_p
+        self._dll.dispatcher_last_error.restype = ctypes.c_char_p
+        version = self._dll.dispatcher_abi_version()
+        if version != ABI_VERSION:
+            raise LibraryError(f"{self.path} has ABI version {version}, expected {ABI_VERSION}")
+        self.name = self._dll.dispatcher_kernel_name().decode()
+        if expected_name is not None and self.name != expected_name:
+            raise LibraryError(f"{self.path} reports kernel {self.name!r}, expected {expected_name!r}")
+        self.symbols = tuple(s for s in self.OPTIONAL if hasattr(self._dll, s))
+        if "dispatcher_run_gemm" in self.symbols:
+            self._dll.dispatcher_run_gemm.argtypes = [ctypes.POINTER(GemmArgs)]
+        if "dispatcher_run_grouped_gemm" in self.symbols:
+            self._dll.dispatcher_run_grouped_gemm.argtypes = [ctypes.POINTER(GroupedArgs)]
+        if "dispatcher_workspace_size" in self.symbols:
+            self._dll.dispatcher_workspace_size.argtypes = [ctypes.POINTER(GemmArgs)]
+            self._dll.dispatcher_workspace_size.restype = _i64
+        if "dispatcher_grouped_workspace_size" in self.symbols:
+            self._dll.dispatcher_grouped_workspace_size.argtypes = [ctypes.POINTER(GroupedArgs)]
+            self._dll.dispatcher_grouped_workspace_size.restype = _i64
+        if "dispatcher_registry" in self.symbols:
+            self._dll.dispatcher_registry.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            self._dll.dispatcher_registry.restype = ctypes.POINTER(RegistryEntry)
+
+    def __repr__(self):
+        return f"Library({self.name!r}, {str(self.path)!r})"
+
+    def require(self, symbol: str):
+        if symbol not in self.symbols:
+            raise LibraryError(f"{self.path} ({self.name}) does not export {symbol}")
+        return getattr(self._dll, symbol)
+
+    @functools.cached_property
+    def registry(self) -> dict:
+        """The library's kernel registry table: name -> entry point."""
+        count = ctypes.c_int(0)
+        entries = self.require("dispatcher_registry")(ctypes.byref(count))
+        return {entries[i].name.decode(): entries[i].run for i in range(count.value)}
+
+    def check(self, status: int) -> int:
+        """Map a status code to an exception (or return it when 0)."""
+        if status == STATUS_OK:
+            return status
+        message = self._dll.dispatcher_last_error().decode() or "(no message)"
+        if status == STATUS_UNSUPPORTED:
+            raise UnsupportedProblem(f"kernel {self.name} does not support this problem: {message}")
+        raise KernelError(f"kernel {self.name} failed with status {status}: {message}")
+
+    def run_gemm(self, args: GemmArgs, entry=None) -> int:
+        fn = entry or self.require("dispatcher_run_gemm")
+        return self.check(fn(ctypes.byref(args)))
+
+    def run_grouped(self, args: GroupedArgs) -> int:
+        return self.check(self.require("dispatcher_run_grouped_gemm")(ctypes.byref(args)))
+
+    def workspace_size(self, args) -> int:
+        if isinstance(args, GroupedArgs):
+            fn = "dispatcher_grouped_workspace_size"
+        else:
+            fn = "dispatcher_workspace_size"
+        return int(getattr(self._dll, fn)(ctypes.byref(args))) if fn in self.symbols else 0
+
+
+def data_pointer(x) -> int:
+    """Address of an array's first element: numpy (host) or any object with
+    `__cuda_array_interface__` (device)."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return x.__cuda_array_interface__["data"][0]
+    return x.ctypes.data
+
+
+def gemm_args(operands, workers: int = 0, workspace: int = 0, workspace_bytes: int = 0,
+              stream: int = 0) -> GemmArgs:
+    """The ABI struct of one problem's operands (see problem.GemmOperands)."""
+    a, b, c = operands.a, operands.b, operands.c
+    return GemmArgs(data_pointer(a), data_pointer(b), data_pointer(c),
+                    c.shape[0], c.shape[1], a.shape[1],
+                    operands.lda, operands.ldb, operands.ldc,
+                    operands.alpha, operands.beta, workspace or None, workspace_bytes,
+                    int(workers), stream or None)
+
+
+class GroupedCall:
+    """The ABI struct of a grouped problem plus the arrays it points into,
+    which must stay alive while the struct is used."""
+
+    def __init__(self, operands, workspace: int = 0, workspace_bytes: int = 0, stream: int = 0):
+        g = len(operands.a)
+        self.dims = np.array([[c.shape[0], c.shape[1], a.shape[1]]
+                              for a, c in zip(operands.a, operands.c)], np.int64).reshape(g, 3).T.copy()
+        self.pointers = np.array([[data_pointer(x) for x in group]
+                                  for group in (operands.a, operands.b, operands.c)],
+                                 np.uint64).reshape(3, g)
+        self.lds = [np.ascontiguousarray(x, np.int64) for x in (operands.lda, operands.ldb, operands.ldc)]
+        i64, vpp = _i64p, ctypes.POINTER(_vp)
+        self.args = GroupedArgs(
+            g, *(self.dims[i].ctypes.data_as(i64) for i in range(3)),
+            *(self.pointers[i].ctypes.data_as(vpp) for i in range(3)),
+            *(ld.ctypes.data_as(i64) for ld in self.lds),
+            operands.alpha, operands.beta, workspace or None, workspace_bytes, stream or None)

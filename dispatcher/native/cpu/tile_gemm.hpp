@@ -1,0 +1,346 @@
+// The CPU tile library that generated gemm-dispatcher sources instantiate.
+//
+// A kernel is a `Traits` type (dtypes, block tile, micro-tile, layouts) and
+// three building blocks every variant shares:
+//   accumulate_tile  - one output block over a K range: packs A and B into
+//                      zero-padded panels (converting any storage dtype to the
+//                      compute type while packing) and runs the register-blocked
+//                      micro-kernel over them;
+//   store_tile       - the alpha/beta epilogue, converting to the output dtype;
+//   compute_tile     - both, for one whole output block.
+// How blocks are scheduled over threads (data-parallel, grouped, stream-K) is
+// variant knowledge and lives in each plugin's template.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "dispatcher_abi.h"
+
+namespace dcpu {
+
+// ---------------------------------------------------------------- codecs ----
+// A codec names the storage type of one operand and converts it to and from
+// the compute type. Everything is converted while packing, so the
+// micro-kernel only ever sees the compute type (float or int32).
+
+struct F32 {
+    using storage = float;
+    using compute = float;
+    static inline float load(storage v) { return v; }
+    static inline storage store(double v) { return static_cast<float>(v); }
+};
+
+struct F16 {
+    using storage = _Float16;
+    using compute = float;
+    static inline float load(storage v) { return static_cast<float>(v); }
+    static inline storage store(double v) { return static_cast<_Float16>(static_cast<float>(v)); }
+};
+
+struct BF16 {
+    using storage = uint16_t;
+    using compute = float;
+    static inline float load(storage v) {
+        uint32_t bits = static_cast<uint32_t>(v) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    static inline storage store(double v) {
+        float f = static_cast<float>(v);
+        uint32_t bits;
+        std::memcpy(&bits, &f, sizeof bits);
+        if (std::isnan(f)) return static_cast<storage>((bits >> 16) | 0x40);
+        bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even
+        return static_cast<storage>(bits >> 16);
+    }
+};
+
+// 8-bit floats decode through a 256-entry table the code generator writes from
+// ml_dtypes, so every encoding (OCP and FNUZ) decodes exactly as numpy does.
+template <const float (&Table)[256]>
+struct Fp8 {
+    using storage = uint8_t;
+    using compute = float;
+    static inline float load(storage v) { return Table[v]; }
+};
+
+struct I8 {
+    using storage = int8_t;
+    using compute = int32_t;
+    static inline int32_t load(storage v) { return v; }
+};
+
+struct I32 {
+    using storage = int32_t;
+    using compute = int32_t;
+    static inline int32_t load(storage v) { return v; }
+    static inline storage store(double v) {
+        v = std::nearbyint(v);
+        v = std::min(std::max(v, -2147483648.0), 2147483647.0);
+        return static_cast<int32_t>(v);
+    }
+};
+
+// ---------------------------------------------------------------- traits ----
+template <class A_, class B_, class C_, int MC_, int NC_, int KC_, int MR_, int NR_,
+          bool ARow_, bool BRow_, int VecBytes_, int Threads_>
+struct Traits {
+    using A = A_;
+    using B = B_;
+    using C = C_;
+    using Acc = typename A_::compute;
+    static constexpr int MR = MR_, NR = NR_, KC = KC_;
+    // Block tiles are whole multiples of the micro-tile.
+    static constexpr int MC = (MC_ + MR_ - 1) / MR_ * MR_;
+    static constexpr int NC = (NC_ + NR_ - 1) / NR_ * NR_;
+    static constexpr bool a_row = ARow_, b_row = BRow_;
+    static constexpr int vec_bytes = VecBytes_;
+    static constexpr int threads = Threads_;  // 0: all OpenMP threads
+    static_assert((NR_ * sizeof(Acc)) % VecBytes_ == 0, "NR must fill whole vectors");
+};
+
+// One problem as the kernel sees it: C is row-major with leading dim ldc.
+template <class T>
+struct Problem {
+    const typename T::A::storage* a;
+    const typename T::B::storage* b;
+    typename T::C::storage* c;
+    int64_t m, n, k, lda, ldb, ldc;
+    double alpha, beta;
+
+    int64_t tiles_m() const { return (m + T::MC - 1) / T::MC; }
+    int64_t tiles_n() const { return (n + T::NC - 1) / T::NC; }
+    int64_t tiles() const { return tiles_m() * tiles_n(); }
+    int64_t k_iters() const { return (k + T::KC - 1) / T::KC; }
+};
+
+// The problem of a single-GEMM call, with every argument checked; a bad one
+// throws (the ABI guard turns it into status -1 with the message).
+template <class T>
+Problem<T> make_problem(const dispatcher_gemm_args* args) {
+    if (!args) throw std::invalid_argument("null argument struct");
+    if (!args->a || !args->b || !args->c) throw std::invalid_argument("null operand pointer");
+    if (args->m < 1 || args->n < 1 || args->k < 1)
+        throw std::invalid_argument("M, N and K must be >= 1");
+    const int64_t min_lda = T::a_row ? args->k : args->m;
+    const int64_t min_ldb = T::b_row ? args->n : args->k;
+    if (args->lda < min_lda || args->ldb < min_ldb || args->ldc < args->n)
+        throw std::invalid_argument("leading dimension smaller than the matrix (lda " +
+                                    std::to_string(args->lda) + ", ldb " +
+                                    std::to_string(args->ldb) + ", ldc " +
+                                    std::to_string(args->ldc) + ")");
+    return Problem<T>{static_cast<const typename T::A::storage*>(args->a),
+                      static_cast<const typename T::B::storage*>(args->b),
+                      static_cast<typename T::C::storage*>(args->c),
+                      args->m, args->n, args->k, args->lda, args->ldb, args->ldc,
+                      args->alpha, args->beta};
+}
+
+inline int thread_count(int compiled, int32_t requested) {
+    if (requested > 0) return requested;
+    if (compiled > 0) return compiled;
+    return omp_get_max_threads();
+}
+
+// --------------------------------------------------------- thread buffers ----
+struct AlignedFree {
+    void operator()(void* p) const { std::free(p); }
+};
+
+// Packed panels and the block accumulator, one set per thread, grown on demand.
+template <class T>
+struct Buffers {
+    using Acc = typename T::Acc;
+    std::unique_ptr<Acc, AlignedFree> a_panel, b_panel, acc;
+
+    static Acc* make(size_t count) {
+        size_t bytes = (count * sizeof(Acc) + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, bytes);
+        if (!p) throw std::bad_alloc();
+        return static_cast<Acc*>(p);
+    }
+    static Buffers& local() {
+        static thread_local Buffers buffers;
+        if (!buffers.acc) {
+            buffers.a_panel.reset(make(size_t(T::MC) * T::KC));
+            buffers.b_panel.reset(make(size_t(T::KC) * T::NC));
+            buffers.acc.reset(make(size_t(T::MC) * T::NC));
+        }
+        return buffers;
+    }
+};
+
+// ---------------------------------------------------------------- packing ----
+// A block (mc x kc) -> MR-row slivers, each stored k-major: out[(s*kc+p)*MR+i].
+template <class T>
+void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typename T::Acc* out) {
+    using Acc = typename T::Acc;
+    constexpr int MR = T::MR;
+    const int slivers = (mc + MR - 1) / MR;
+    for (int s = 0; s < slivers; ++s) {
+        Acc* dst = out + size_t(s) * kc * MR;
+        const int rows = std::min(MR, mc - s * MR);
+        for (int i = 0; i < MR; ++i) {
+            if (i >= rows) {
+                for (int p = 0; p < kc; ++p) dst[p * MR + i] = Acc(0);
+                continue;
+            }
+            const int64_t row = i0 + s * MR + i;
+            if constexpr (T::a_row) {
+                const auto* src = P.a + row * P.lda + k0;
+                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p]);
+            } else {
+                const auto* src = P.a + k0 * P.lda + row;
+                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p * P.lda]);
+            }
+        }
+    }
+}
+
+// B block (kc x nc) -> NR-column slivers, each stored k-major: out[(s*kc+p)*NR+j].
+template <class T>
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out) {
+    using Acc = typename T::Acc;
+    constexpr int NR = T::NR;
+    const int slivers = (nc + NR - 1) / NR;
+    for (int s = 0; s < slivers; ++s) {
+        Acc* dst = out + size_t(s) * kc * NR;
+        const int cols = std::min(NR, nc - s * NR);
+        const int64_t col0 = j0 + s * NR;
+        if constexpr (T::b_row) {
+            for (int p = 0; p < kc; ++p) {
+                const auto* src = P.b + (k0 + p) * P.ldb + col0;
+                Acc* d = dst + size_t(p) * NR;
+                for (int j = 0; j < cols; ++j) d[j] = T::B::load(src[j]);
+                for (int j = cols; j < NR; ++j) d[j] = Acc(0);
+            }
+        } else {
+            // Column-major B: read each column contiguously along k.
+            for (int j = 0; j < NR; ++j) {
+                if (j >= cols) {
+                    for (int p = 0; p < kc; ++p) dst[p * NR + j] = Acc(0);
+                    continue;
+                }
+                const auto* src = P.b + (col0 + j) * P.ldb + k0;
+                for (int p = 0; p < kc; ++p) dst[p * NR + j] = T::B::load(src[p]);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------- micro-kernel ----
+// MR x NR outer products over kc steps, every accumulator in a register.
+// Written with GCC vector extensions so -march picks the instructions.
+template <class T>
+inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
+                         const typename T::Acc* __restrict bp, typename T::Acc* __restrict c,
+                         int64_t ldc, bool accumulate) {
+    using Acc = typename T::Acc;
+    constexpr int VL = T::vec_bytes / sizeof(Acc);
+    constexpr int NV = T::NR / VL;
+    constexpr int MR = T::MR;
+    typedef Acc vec __attribute__((vector_size(T::vec_bytes)));
+
+    vec acc[MR][NV];
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+            if (accumulate)
+                std::memcpy(&acc[i][v], c + i * ldc + v * VL, sizeof(vec));
+            else
+                acc[i][v] = vec{};
+        }
+    for (int p = 0; p < kc; ++p) {
+        vec b[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL, sizeof(vec));
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i) {
+            const Acc a = ap[i];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+        }
+        ap += MR;
+        bp += T::NR;
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + v * VL, &acc[i][v], sizeof(vec));
+}
+
+// ------------------------------------------------------- block operations ----
+// acc[MC x NC] (+)= A[i0:i0+mc, k0:k1] @ B[k0:k1, j0:j0+nc]; `accumulate` adds
+// to what acc holds instead of starting from zero.
+template <class T>
+void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc, int64_t k0,
+                     int64_t k1, typename T::Acc* acc, bool accumulate) {
+    Buffers<T>& buf = Buffers<T>::local();
+    const int m_slivers = (mc + T::MR - 1) / T::MR;
+    const int n_slivers = (nc + T::NR - 1) / T::NR;
+    for (int64_t kb = k0; kb < k1; kb += T::KC) {
+        const int kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - kb));
+        pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
+        pack_b<T>(P, kb, kc, j0, nc, buf.b_panel.get());
+        const bool add = accumulate || kb > k0;
+        for (int sn = 0; sn < n_slivers; ++sn)
+            for (int sm = 0; sm < m_slivers; ++sm)
+                micro_kernel<T>(kc, buf.a_panel.get() + size_t(sm) * kc * T::MR,
+                                buf.b_panel.get() + size_t(sn) * kc * T::NR,
+                                acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add);
+    }
+}
+
+// C[i0:i0+mc, j0:j0+nc] = alpha * acc + beta * C; C is not read when beta == 0.
+template <class T>
+void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
+                const typename T::Acc* acc) {
+    using Out = typename T::C;
+    for (int i = 0; i < mc; ++i) {
+        auto* crow = P.c + (i0 + i) * P.ldc + j0;
+        const auto* arow = acc + size_t(i) * T::NC;
+        if (P.beta == 0.0) {
+            for (int j = 0; j < nc; ++j) crow[j] = Out::store(P.alpha * double(arow[j]));
+        } else {
+            for (int j = 0; j < nc; ++j)
+                crow[j] = Out::store(P.alpha * double(arow[j]) + P.beta * double(Out::load(crow[j])));
+        }
+    }
+}
+
+struct TileCoord {
+    int64_t i0, j0;
+    int mc, nc;
+};
+
+template <class T>
+TileCoord tile_coord(const Problem<T>& P, int64_t tile) {
+    const int64_t ti = tile / P.tiles_n(), tj = tile % P.tiles_n();
+    TileCoord t{ti * T::MC, tj * T::NC, 0, 0};
+    t.mc = static_cast<int>(std::min<int64_t>(T::MC, P.m - t.i0));
+    t.nc = static_cast<int>(std::min<int64_t>(T::NC, P.n - t.j0));
+    return t;
+}
+
+// One whole output block: all of K, then the epilogue.
+template <class T>
+void compute_tile(const Problem<T>& P, int64_t tile) {
+    const TileCoord t = tile_coord(P, tile);
+    auto* acc = Buffers<T>::local().acc.get();
+    accumulate_tile<T>(P, t.i0, t.mc, t.j0, t.nc, 0, P.k, acc, false);
+    store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, acc);
+}
+
+}  // namespace dcpu

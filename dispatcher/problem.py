@@ -1,0 +1,225 @@
+"""Problems and operands: what is computed, and the buffers it is computed on.
+
+`GemmProblem` / `GroupedGemmProblem` are frozen records (the selection and
+tuning key). `prepare_gemm` / `prepare_grouped` turn user arrays into a
+problem plus operands, inferring each operand's layout and leading
+dimension from its strides, so views and slices run without copies. Every
+check on user input lives here and raises a specific error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from . import dtypes
+from .errors import AliasingError, DtypeError, LayoutError, ProblemError
+
+
+@attrs.frozen
+class GemmProblem:
+    m: int
+    n: int
+    k: int
+    dtype: str
+    out_dtype: str
+    layout: str
+    variant: str = "regular"
+    target: str = "cpu"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def shapes(self) -> tuple:
+        return ((self.m, self.n, self.k),)
+
+    def tile_count(self, tile_m: int, tile_n: int) -> int:
+        return math.ceil(self.m / tile_m) * math.ceil(self.n / tile_n)
+
+
+@attrs.frozen
+class GroupedGemmProblem:
+    groups: tuple          # ((m, n, k), ...)
+    dtype: str
+    out_dtype: str
+    layout: str
+    variant: str = "grouped"
+    target: str = "cpu"
+
+    @property
+    def flops(self) -> float:
+        return float(sum(2.0 * m * n * k for m, n, k in self.groups))
+
+    @property
+    def shapes(self) -> tuple:
+        return self.groups
+
+    def tile_count(self, tile_m: int, tile_n: int) -> int:
+        return sum(math.ceil(m / tile_m) * math.ceil(n / tile_n) for m, n, _ in self.groups)
+
+
+@attrs.define
+class GemmOperands:
+    """Buffers of one problem; C is written in place (row-major)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    lda: int
+    ldb: int
+    ldc: int
+    alpha: float = 1.0
+    beta: float = 0.0
+
+
+@attrs.define
+class GroupedOperands:
+    a: list
+    b: list
+    c: list
+    lda: np.ndarray
+    ldb: np.ndarray
+    ldc: np.ndarray
+    alpha: float = 1.0
+    beta: float = 0.0
+
+
+# ------------------------------------------------------------------ layouts
+def possible_layouts(x: np.ndarray, what: str) -> list:
+    """[(layout char, leading dim)] this 2-D array can be read as, row first."""
+    if x.ndim != 2:
+        raise ProblemError(f"{what} must be a 2-D array, got {x.ndim}-D with shape {x.shape}")
+    rows, cols = x.shape
+    s0, s1 = x.strides
+    size = x.itemsize
+    if s0 < 0 or s1 < 0:
+        raise LayoutError(f"{what} has negative strides {x.strides}; pass a copy "
+                          "(np.ascontiguousarray) instead of a reversed view")
+    found = []
+    if (s1 == size or cols <= 1) and s0 % size == 0 and (s0 // size >= cols or rows <= 1):
+        found.append(("r", max(s0 // size, cols, 1) if rows > 1 else max(cols, 1)))
+    if (s0 == size or rows <= 1) and s1 % size == 0 and (s1 // size >= rows or cols <= 1):
+        found.append(("c", max(s1 // size, rows, 1) if cols > 1 else max(rows, 1)))
+    if not found:
+        raise LayoutError(f"{what} with shape {x.shape} and strides {x.strides} is neither "
+                          "row- nor column-major with unit inner stride; pass np.ascontiguousarray(...)")
+    return found
+
+
+def _flip(layout_char: str) -> str:
+    return "c" if layout_char == "r" else "r"
+
+
+def _input_dtype(a, b) -> dtypes.DType:
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, np.ndarray):
+            raise ProblemError(f"{name} must be a numpy array, got {type(x).__name__}")
+    da, db = dtypes.get(a.dtype), dtypes.get(b.dtype)
+    if da != db:
+        raise DtypeError(f"a is {da.token} but b is {db.token}; both inputs must have one dtype")
+    if da.token not in dtypes.INPUT_TOKENS:
+        raise DtypeError(f"{da.token} is not an input dtype; inputs: {', '.join(dtypes.INPUT_TOKENS)}")
+    return da
+
+
+def _check_no_alias(out, what, *inputs):
+    for name, x in inputs:
+        if x is not None and np.shares_memory(out, x):
+            raise AliasingError(f"{what} overlaps {name}; the kernel would read what it writes")
+
+
+def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
+                 variant="regular", target="cpu"):
+    """(problem, operands, result) for C = alpha*a@b + beta*c.
+
+    `result` is the array the caller gets back (`out` if given). A
+    column-major result is computed as its row-major transpose
+    (C^T = B^T A^T), so kernels only ever write row-major C.
+    """
+    src = _input_dtype(a, b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
+    dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
+                            (out.dtype if out is not None else None))
+    if beta != 0 and c is None and out is None:
+        raise ProblemError("beta != 0 needs c (the matrix beta scales)")
+    for name, x in (("c", c), ("out", out)):
+        if x is None:
+            continue
+        if not isinstance(x, np.ndarray):
+            raise ProblemError(f"{name} must be a numpy array, got {type(x).__name__}")
+        if x.shape != (m, n):
+            raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
+        if dtypes.get(x.dtype) != dst:
+            raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
+    if c is not None:
+        _check_no_alias(c, "c", ("a", a), ("b", b))
+    if out is not None:
+        _check_no_alias(out, "out", ("a", a), ("b", b))
+        if not out.flags.writeable:
+            raise ProblemError("out is read-only")
+        possible_layouts(out, "out")
+    result = out if out is not None else np.empty((m, n), dst.numpy)
+    if beta != 0 and c is not None and c is not result:
+        if np.shares_memory(c, result):
+            raise AliasingError("c partially overlaps out")
+        result[...] = c
+
+    la, lda = possible_layouts(a, "a")[0]
+    lb, ldb = possible_layouts(b, "b")[0]
+    (lc, ldc), = possible_layouts(result, "out")[:1]
+    A, B, C = a, b, result
+    if lc == "c":  # C^T = B^T A^T with row-major C^T
+        A, B, C = b.T, a.T, result.T
+        (la, lda), (lb, ldb) = (_flip(lb), ldb), (_flip(la), lda)
+        m, n = n, m
+        ldc = possible_layouts(C, "out")[0][1]
+    problem = GemmProblem(m, n, k, src.token, dst.token, la + lb + "r", variant, target)
+    return problem, GemmOperands(A, B, C, lda, ldb, ldc, float(alpha), float(beta)), result
+
+
+def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu"):
+    """(problem, operands, results) for C_g = alpha * A_g @ B_g, g = 0..G-1."""
+    list_a, list_b = list(list_a), list(list_b)
+    if len(list_a) != len(list_b):
+        raise ProblemError(f"{len(list_a)} A matrices but {len(list_b)} B matrices")
+    src = None
+    shapes, layouts_a, layouts_b = [], [], []
+    for g, (a, b) in enumerate(zip(list_a, list_b)):
+        d = _input_dtype(a, b)
+        if src is not None and d != src:
+            raise DtypeError(f"group {g} is {d.token} but group 0 is {src.token}; groups share one dtype")
+        src = d
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise ProblemError(f"group {g}: a {a.shape} and b {b.shape} do not multiply")
+        shapes.append((a.shape[0], b.shape[1], a.shape[1]))
+        layouts_a.append(dict(possible_layouts(a, f"a[{g}]")))
+        layouts_b.append(dict(possible_layouts(b, f"b[{g}]")))
+    if src is None:
+        src = dtypes.get("fp32")
+    dst = dtypes.output_for(src.token, out_dtype)
+    la = _common_layout(layouts_a, "A")
+    lb = _common_layout(layouts_b, "B")
+    results = [np.empty((m, n), dst.numpy) for m, n, _ in shapes]
+    operands = GroupedOperands(
+        list_a, list_b, results,
+        np.array([l[la] for l in layouts_a], np.int64),
+        np.array([l[lb] for l in layouts_b], np.int64),
+        np.array([max(n, 1) for _, n, _ in shapes], np.int64), float(alpha), 0.0)
+    problem = GroupedGemmProblem(tuple(shapes), src.token, dst.token, la + lb + "r", variant, target)
+    return problem, operands, results
+
+
+def _common_layout(per_group: list, what: str) -> str:
+    for choice in ("r", "c"):
+        if all(choice in options for options in per_group):
+            return choice
+    raise LayoutError(f"the {what} matrices mix row- and column-major layouts; "
+                      "groups share one layout")

@@ -1,0 +1,94 @@
+"""Registration records: what a plugin or target declares about itself.
+
+A variant plugin answers `dispatcher_register_variants` with `VariantRecord`s
+(as conda plugins answer with registration records); targets describe their
+config block with the same `Option` schema. The core validates configs
+against these records, so a plugin adds options without touching the core.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import attrs
+
+from .errors import ConfigError
+
+
+@attrs.frozen
+class Option:
+    """One key of a config block: its default and what values it allows.
+
+    Either `choices` (an explicit tuple) or an integer range `[low, high]`.
+    """
+
+    name: str
+    default: Any
+    doc: str = ""
+    choices: Optional[tuple] = None
+    low: Optional[int] = None
+    high: Optional[int] = None
+
+    def check(self, value, block: str):
+        """`value` converted to the option's type, or ConfigError naming it."""
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ConfigError(
+                    f"{block} option {self.name!r} = {value!r} is invalid; "
+                    f"allowed: {', '.join(map(repr, self.choices))}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+                isinstance(value, str) and value.lstrip("-").isdigit()):
+            raise ConfigError(f"{block} option {self.name!r} must be an integer, got {value!r}")
+        value = int(value)
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise ConfigError(
+                f"{block} option {self.name!r} = {value} is out of range [{self.low}, {self.high}]")
+        return value
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "|".join(map(str, self.choices))
+        return f"{self.low}..{self.high}"
+
+
+def resolve_options(schema: tuple, given: dict, block: str) -> tuple:
+    """Defaults filled in, every key and value checked; a sorted tuple of
+    (name, value) pairs, ready to live in a frozen config."""
+    known = {o.name: o for o in schema}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown {block} option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(known)) or '(none)'}")
+    return tuple(sorted((name, opt.check(given.get(name, opt.default), block))
+                        for name, opt in known.items()))
+
+
+@attrs.frozen
+class VariantRecord:
+    """What a variant plugin provides.
+
+    problem_kind: "gemm" (one problem, `dispatcher_run_gemm`) or "grouped"
+        (a list of problems, `dispatcher_run_grouped_gemm`).
+    options: the schema of the variant block of `KernelConfig`.
+    name_suffix: variant block -> the kernel-name suffix (e.g. "_grouped").
+    default_configs: (target, dtype, layout) -> list of config dicts the
+        selection considers when the tuning database has no answer.
+    check: KernelConfig -> None if the variant can build it, else the reason.
+    fallback: the variant `dispatcher.gemm` retries with when a kernel of
+        this one returns status -2 (unless the caller is strict).
+    """
+
+    name: str
+    problem_kind: str
+    targets: tuple
+    dtypes: tuple
+    layouts: tuple
+    options: tuple = ()
+    name_suffix: Callable[[dict], str] = lambda opts: ""
+    default_configs: Callable[[str, str, str], list] = lambda target, dtype, layout: []
+    check: Callable[[Any], Optional[str]] = lambda config: None
+    fallback: Optional[str] = None
+    description: str = ""
+    provider: str = ""

@@ -1,0 +1,1 @@
+"""The `regular` variant: data-parallel GEMM, one output block per work item."""

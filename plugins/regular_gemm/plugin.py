@@ -1,0 +1,64 @@
+"""Hooks of the `regular` variant.
+
+Its libraries export a kernel registry table; launch looks the selected
+kernel up by name in that table and calls it (the registry path the
+stream-K and grouped variants bypass).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dispatcher import dtypes
+from dispatcher.codegen import render
+from dispatcher.hookspecs import hookimpl
+from dispatcher.library import LaunchResult, gemm_args
+from dispatcher.records import VariantRecord
+
+VARIANT = "regular"
+HERE = Path(__file__).parent
+
+# Block tiles the selection heuristic chooses from when the tuning database
+# has no answer: a large one for throughput, a small one so small problems
+# still spread over every core. Measured on the 2-core CI machine
+# (benchmarks/cpu_gemm.py).
+CPU_DEFAULTS = (
+    dict(tile_m=240, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
+    dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
+)
+
+
+def default_configs(target, dtype, layout):
+    return list(CPU_DEFAULTS) if target == "cpu" else []
+
+
+RECORD = VariantRecord(
+    name=VARIANT,
+    problem_kind="gemm",
+    targets=("cpu",),
+    dtypes=dtypes.INPUT_TOKENS,
+    layouts=("rcr", "rrr", "crr", "ccr"),
+    default_configs=default_configs,
+    description="data-parallel GEMM: one output block tile per work item",
+)
+
+
+@hookimpl
+def dispatcher_register_variants():
+    return [RECORD]
+
+
+@hookimpl
+def dispatcher_codegen(config, target):
+    if config.variant != VARIANT:
+        return None
+    return render(HERE, config, target)
+
+
+@hookimpl
+def dispatcher_launch(library, problem, operands, options):
+    if problem.variant != VARIANT:
+        return None
+    entry = library.registry[library.name]
+    library.run_gemm(gemm_args(operands, workers=options.get("workers", 0)), entry)
+    return LaunchResult(library.name)

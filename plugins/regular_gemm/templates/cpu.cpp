@@ -1,0 +1,29 @@
+// gemm-dispatcher regular (data-parallel) GEMM, CPU target: generated file.
+${prelude}
+namespace {
+using T = KernelTraits;
+
+int run(const dispatcher_gemm_args* args) {
+    return dispatcher_abi::guarded([&] {
+        const dcpu::Problem<T> P = dcpu::make_problem<T>(args);
+        const int64_t tiles = P.tiles();
+        const int threads = dcpu::thread_count(T::threads, args->workers);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int64_t t = 0; t < tiles; ++t) dcpu::compute_tile<T>(P, t);
+        return DISPATCHER_OK;
+    });
+}
+
+const dispatcher_registry_entry kRegistry[] = {{KERNEL_NAME, &run}};
+}  // namespace
+
+DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
+
+extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) {
+    return run(args);
+}
+
+extern "C" DISPATCHER_EXPORT const dispatcher_registry_entry* dispatcher_registry(int* count) {
+    *count = 1;
+    return kRegistry;
+}
