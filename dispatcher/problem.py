@@ -99,6 +99,8 @@ def possible_layouts(x: np.ndarray, what: str) -> list:
     if s0 < 0 or s1 < 0:
         raise LayoutError(f"{what} has negative strides {x.strides}; pass a copy "
                           "(np.ascontiguousarray) instead of a reversed view")
+    if x.size == 0:  # numpy gives empty arrays zero strides; any layout reads nothing
+        return [("r", max(cols, 1)), ("c", max(rows, 1))]
     found = []
     if (s1 == size or cols <= 1) and s0 % size == 0 and (s0 // size >= cols or rows <= 1):
         found.append(("r", max(s0 // size, cols, 1) if rows > 1 else max(cols, 1)))

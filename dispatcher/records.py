@@ -76,6 +76,8 @@ class VariantRecord:
     default_configs: (target, dtype, layout) -> list of config dicts the
         selection considers when the tuning database has no answer.
     check: KernelConfig -> None if the variant can build it, else the reason.
+    partial_sums: KernelConfig -> how many partial sums one output element
+        may be combined from (stream-K, split-K); scales the tolerance.
     fallback: the variant `dispatcher.gemm` retries with when a kernel of
         this one returns status -2 (unless the caller is strict).
     """
@@ -90,5 +92,6 @@ class VariantRecord:
     default_configs: Callable[[str, str, str], list] = lambda target, dtype, layout: []
     check: Callable[[Any], Optional[str]] = lambda config: None
     fallback: Optional[str] = None
+    partial_sums: Callable[[Any], int] = lambda config: 1
     description: str = ""
     provider: str = ""

@@ -86,7 +86,7 @@ class Toolchain:
         cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            first = "\n".join(proc.stderr.strip().splitlines()[:12])
+            first = "\n".join(line[:300] for line in proc.stderr.strip().splitlines()[:12])
             raise BuildError(f"C++ compilation of {source.name} failed:\n{first}", proc.stderr)
 
 
@@ -126,11 +126,12 @@ class CpuTarget:
         every variant template starts with it."""
         o = config.target_params
         lines = ['#include "dispatcher_abi.h"', '#include "cpu/tile_gemm.hpp"', ""]
-        codecs = {}
+        codecs, tables = {}, set()
         for role, token in (("A", config.dtype_a), ("B", config.dtype_b), ("C", config.dtype_c)):
             if dtypes.get(token).is_float8:
                 table = f"kDecode_{token}"
-                if table not in codecs.values():
+                if table not in tables:
+                    tables.add(table)
                     values = ", ".join(repr(v) if v == v else "__builtin_nanf(\"\")"
                                        for v in dtypes.float8_decode_table(token))
                     values = values.replace("inf", "__builtin_inff()")
@@ -155,6 +156,12 @@ class CpuTarget:
 
     def available(self) -> bool:
         return True
+
+    def owns(self, array) -> bool:
+        return True
+
+    def parallelism_hint(self) -> str:
+        return f"{cpu_count()} threads, {vector_bytes() * 8}-bit vectors"
 
 
 def cpu_count() -> int:

@@ -339,6 +339,8 @@ template <class T>
 void compute_tile(const Problem<T>& P, int64_t tile) {
     const TileCoord t = tile_coord(P, tile);
     auto* acc = Buffers<T>::local().acc.get();
+    if (P.k == 0)
+        std::fill(acc, acc + size_t(T::MC) * T::NC, typename T::Acc(0));
     accumulate_tile<T>(P, t.i0, t.mc, t.j0, t.nc, 0, P.k, acc, false);
     store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, acc);
 }

@@ -1,0 +1,209 @@
+"""The `gemm-dispatcher` command (also `python -m dispatcher`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import attrs
+
+from . import dtypes, targets
+from .api import Dispatcher
+from .errors import DispatcherError, UnsupportedProblem
+from .plugins import get_manager
+from .problem import prepare_gemm, prepare_grouped
+from .timing import TimingOptions, measure, median
+from .verify import max_rel, random_matrix, reference, tolerance
+
+
+def _parse_groups(text: str) -> list:
+    try:
+        return [tuple(int(v) for v in g.lower().split("x")) for g in text.split(",") if g]
+    except ValueError:
+        raise SystemExit(f"--groups wants MxNxK[,MxNxK...], got {text!r}") from None
+
+
+def _parse_config(items) -> dict:
+    """`--config key=value ...` or one JSON object."""
+    config = {}
+    for item in items or ():
+        if item.lstrip().startswith("{"):
+            config.update(json.loads(item))
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--config wants key=value, got {item!r}")
+        config[key] = int(value) if value.lstrip("-").isdigit() else value
+    return config or None
+
+
+def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32", layout="rcr",
+             target="cpu", out_dtype=None, config=None, verify=False, strict=False,
+             timing=TimingOptions(), seed=0):
+    """Build (if needed), time and optionally verify one problem; a result dict."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    kind = get_manager().variant(variant).problem_kind
+    if kind == "grouped":
+        shapes = groups or [(m, n, k)]
+        As = [random_matrix(gm, gk, dtype, layout[0], rng) for gm, _, gk in shapes]
+        Bs = [random_matrix(gk, gn, dtype, layout[1], rng) for _, gn, gk in shapes]
+        problem, operands, results = prepare_grouped(As, Bs, out_dtype=out_dtype, variant=variant,
+                                                     target=target)
+        refs = [reference(a, b) for a, b in zip(As, Bs)]
+    else:
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
+                                                 target=target)
+        results, refs = [result], [reference(a, b)]
+    chosen = d._check_config(problem, config) if config else d.select(problem)
+    library = d.library(chosen)
+    try:
+        d.launch(library, problem, operands)
+    except UnsupportedProblem:
+        fallback = get_manager().variant(variant).fallback
+        if strict or config or not fallback:
+            raise
+        problem = attrs.evolve(problem, variant=fallback)
+        chosen = d.select(problem)
+        library = d.library(chosen)
+    times = measure(lambda i: d.launch(library, problem, operands), timing)
+    seconds = median(times)
+    row = {"kernel": library.name, "variant": problem.variant, "target": target, "dtype": dtype,
+           "layout": problem.layout, "problem": [list(s) for s in problem.shapes],
+           "latency_ms": seconds * 1e3, "gflops": problem.flops / seconds / 1e9,
+           "repeat": timing.repeat}
+    if verify:
+        for r in results:
+            r[...] = np.nan if r.dtype.kind == "f" or r.dtype.kind == "V" else 0
+        d.launch(library, problem, operands)
+        errors = [max_rel(r, ref) for r, ref in zip(results, refs)]
+        row["max_rel"] = max(errors, default=0.0)
+        row["tolerance"] = tolerance(chosen, max((s[2] for s in problem.shapes), default=1))
+        row["verified"] = row["max_rel"] <= row["tolerance"]
+    return row
+
+
+def cmd_plugins(args):
+    infos = get_manager().plugins()
+    if args.json:
+        print(json.dumps([attrs.asdict(i) for i in infos], indent=1))
+        return 0
+    for i in infos:
+        print(f"{i.name:22} {i.status:9} {i.version:8} variants: {', '.join(i.variants) or '-'}")
+        print(f"{'':22} source: {i.source}")
+        print(f"{'':22} hooks: {', '.join(i.hooks) or '-'}")
+        if i.error:
+            print(f"{'':22} error: {i.error}")
+    return 0
+
+
+def cmd_run(args):
+    groups = _parse_groups(args.groups) if args.groups else None
+    row = run_once(Dispatcher(), variant=args.variant, m=args.m, n=args.n, k=args.k, groups=groups,
+                   dtype=args.dtype, layout=args.layout, target=args.target,
+                   out_dtype=args.out_dtype, config=_parse_config(args.config),
+                   verify=args.verify, strict=args.strict,
+                   timing=TimingOptions(warmup=args.warmup, repeat=args.repeat))
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(f"kernel   {row['kernel']}")
+        print(f"time     {row['latency_ms']:.4f} ms (median of {row['repeat']})")
+        print(f"GFLOP/s  {row['gflops']:.1f}")
+        if args.verify:
+            print(f"max_rel  {row['max_rel']:.3e} (tolerance {row['tolerance']:.1e}): "
+                  f"{'ok' if row['verified'] else 'FAILED'}")
+    return 0 if row.get("verified", True) else 1
+
+
+def cmd_kernels(args):
+    cache = Dispatcher().cache
+    if args.prune:
+        print(f"removed {cache.prune()} corrupt or stale item(s) from {cache.root}")
+        return 0
+    entries = cache.entries()
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    print(f"{len(entries)} kernel(s) in {cache.root}")
+    for e in entries:
+        print(f"  {e['status']:7} {e.get('name', e['key'])}  ({e.get('build_seconds', '?')} s build)")
+    return 0
+
+
+def cmd_demo(args):
+    """The main job on the CPU default: every variant, verified, timed."""
+    d = Dispatcher()
+    jobs = [
+        dict(variant="regular", m=1024, n=1024, k=1024, dtype="fp32"),
+        dict(variant="regular", m=1000, n=1500, k=700, dtype="bf16", layout="rrr"),
+        dict(variant="regular", m=513, n=257, k=129, dtype="fp8_e4m3"),
+        dict(variant="stream_k", m=64, n=64, k=65536, dtype="fp32"),
+        dict(variant="grouped", groups=[(128, 512, 512), (1, 512, 512), (300, 512, 512), (0, 512, 512)],
+             dtype="fp32"),
+    ]
+    print(f"gemm-dispatcher demo on target cpu ({targets.get('cpu').parallelism_hint()}); "
+          f"build cache {d.cache.root}")
+    ok = True
+    for job in jobs:
+        job = {"layout": "rcr", **job}
+        row = run_once(d, verify=True, **job)
+        ok &= row["verified"]
+        shape = "+".join("x".join(map(str, s)) for s in row["problem"])
+        print(f"{row['variant']:9} {job['dtype']:9} {row['layout']} {shape:36} "
+              f"{row['gflops']:8.1f} GFLOP/s  max_rel {row['max_rel']:.1e} "
+              f"{'ok' if row['verified'] else 'FAILED'}  {row['kernel']}")
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gemm-dispatcher", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("plugins", help="list plugins, their variants, hooks and status")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_plugins)
+
+    s = sub.add_parser("run", help="build if needed, run and time one problem")
+    s.add_argument("--variant", default="regular")
+    s.add_argument("--m", type=int, default=1024)
+    s.add_argument("--n", type=int, default=1024)
+    s.add_argument("--k", type=int, default=1024)
+    s.add_argument("--groups", help="grouped problems: MxNxK[,MxNxK...]")
+    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS)
+    s.add_argument("--out-dtype")
+    s.add_argument("--layout", default="rcr", help="A, B, C layout chars (C is r)")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("--config", nargs="*", help="config fields: key=value ... or a JSON object")
+    s.add_argument("--warmup", type=int, default=3)
+    s.add_argument("--repeat", type=int, default=10)
+    s.add_argument("--verify", action="store_true", help="compare with a float64 reference")
+    s.add_argument("--strict", action="store_true", help="no fallback on status -2")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("kernels", help="what the build cache holds")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--prune", action="store_true", help="remove corrupt entries and stale temp files")
+    s.set_defaults(fn=cmd_kernels)
+
+    s = sub.add_parser("demo", help="run every variant on the CPU, verified")
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except DispatcherError as e:
+        print(f"gemm-dispatcher: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Test inputs and the float64 reference every correctness check uses.
+
+Inputs are generated in float64, quantized to the dtype under test, and the
+reference is computed in float64 on those same quantized values, so the
+only differences left are the kernel's accumulation and output rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes
+
+
+def random_matrix(rows: int, cols: int, dtype, layout: str = "r", rng=None) -> np.ndarray:
+    """A (rows, cols) matrix of `dtype`, row- ('r') or column-major ('c')."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    d = dtypes.get(dtype)
+    if d.acc == "int32":
+        values = rng.integers(-8, 9, size=(rows, cols))
+    else:
+        values = rng.uniform(-2.0, 2.0, size=(rows, cols))
+    x = values.astype(d.numpy)
+    return np.asfortranarray(x) if layout == "c" else np.ascontiguousarray(x)
+
+
+def reference(a, b, c=None, alpha=1.0, beta=0.0) -> np.ndarray:
+    """alpha * a @ b + beta * c in float64."""
+    ref = alpha * (a.astype(np.float64) @ b.astype(np.float64))
+    if beta:
+        ref = ref + beta * c.astype(np.float64)
+    return ref
+
+
+def max_rel(out, ref) -> float:
+    """max|out - ref| / max|ref| (0 for an all-zero reference that is matched)."""
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"shape {out.shape} != reference {ref.shape}")
+    if out.size == 0:
+        return 0.0
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    scale = float(np.max(np.abs(ref)))
+    err = float(np.max(np.abs(out - ref)))
+    return err / scale if scale else err
+
+
+def poison(x: np.ndarray) -> np.ndarray:
+    """Fill an output buffer with a value no kernel writes: NaN, or the
+    minimum of an integer type."""
+    if np.issubdtype(x.dtype, np.integer):
+        x[...] = np.iinfo(x.dtype).min
+    else:
+        x[...] = np.nan
+    return x
+
+
+def tolerance(config, k: int) -> float:
+    """The max_rel a correct kernel of `config` stays within at depth K."""
+    from .plugins import get_manager
+    splits = get_manager().variant(config.variant).partial_sums(config)
+    return dtypes.relative_tolerance(config.dtype_c, k, splits)

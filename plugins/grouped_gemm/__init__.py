@@ -1,0 +1,1 @@
+"""The `grouped` variant: many independent GEMMs in one launch."""
