@@ -1,0 +1,136 @@
+"""The plugin contract: hook documentation, discovery, isolation, conflicts, tracing."""
+
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from dispatcher import hookspecs
+from dispatcher.errors import PluginError
+from dispatcher.plugins import PluginManager
+from dispatcher.records import VariantRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+         if name.startswith("dispatcher_")]
+
+
+def test_every_hook_is_documented():
+    assert set(HOOKS) == {"dispatcher_register_variants", "dispatcher_codegen", "dispatcher_build",
+                          "dispatcher_select_library", "dispatcher_launch"}
+    for name in HOOKS:
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        assert ":return:" in doc, f"{name} does not document its return value"
+        assert "firstresult" in doc.lower() or name in hookspecs.__doc__, name
+        for param in inspect.signature(getattr(hookspecs, name)).parameters:
+            assert f":param {param}:" in doc, f"{name} does not document {param}"
+
+
+def test_every_hook_is_implemented_by_a_builtin_plugin():
+    pm = PluginManager()
+    implemented = {h for info in pm.plugins() for h in info.hooks}
+    assert set(HOOKS) <= implemented
+    builtin = {i.name: i for i in pm.plugins()}
+    for name, variant in [("regular_gemm", "regular"), ("grouped_gemm", "grouped"),
+                          ("stream_k", "stream_k")]:
+        assert builtin[name].status == "loaded"
+        assert builtin[name].variants == (variant,)
+        assert builtin[name].source.startswith("gemm-dispatcher")  # registered by entry point
+
+
+class FakeEntryPoint:
+    def __init__(self, name, target):
+        self.name, self.value, self._target, self.dist = name, repr(target), target, None
+
+    def load(self):
+        if isinstance(self._target, Exception):
+            raise self._target
+        return self._target
+
+
+def _variant_plugin(variant):
+    class Plugin:
+        @hookspecs.hookimpl
+        def dispatcher_register_variants(self):
+            return [VariantRecord(variant, "gemm", ("cpu",), ("fp32",), ("rcr",))]
+    return Plugin()
+
+
+def _builtin_eps():
+    return list(metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
+
+
+def test_broken_plugin_is_reported_and_others_work():
+    eps = _builtin_eps() + [FakeEntryPoint("broken", ImportError("no module named 'missing'"))]
+    pm = PluginManager(entry_points=eps)
+    broken = {i.name: i for i in pm.plugins()}["broken"]
+    assert broken.status == "failed" and "missing" in broken.error
+    assert pm.variant("regular").name == "regular"
+
+
+def test_two_providers_of_one_variant_name_both():
+    eps = _builtin_eps() + [FakeEntryPoint("copycat", _variant_plugin("regular"))]
+    with pytest.raises(PluginError, match="'regular' is provided by copycat and regular_gemm|"
+                                          "'regular' is provided by regular_gemm and copycat"):
+        PluginManager(entry_points=eps)
+
+
+def test_disable_plugins(monkeypatch):
+    monkeypatch.setenv("DISPATCHER_DISABLE_PLUGINS", "stream_k, grouped_gemm")
+    pm = PluginManager()
+    status = {i.name: i.status for i in pm.plugins()}
+    assert status["stream_k"] == status["grouped_gemm"] == "disabled"
+    with pytest.raises(PluginError, match="plugin stream_k is disabled"):
+        pm.variant("stream_k")
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "dispatcher", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_trace_plugins_prints_hook_calls():
+    proc = _cli("run", "--m", "16", "--n", "16", "--k", "16", "--repeat", "1",
+                env={"DISPATCHER_TRACE_PLUGINS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    for hook in ("dispatcher_select_library", "dispatcher_codegen", "dispatcher_build",
+                 "dispatcher_launch"):
+        assert hook in proc.stderr
+
+
+def test_out_of_tree_plugin_is_discovered_and_runs(tmp_path):
+    """A third-party package, made importable with an entry point and no
+    change to the core, adds variant `naive` that the CLI lists and the API runs."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "examples" / "naive_gemm_plugin" / "naive_gemm", site / "naive_gemm")
+    info = site / "naive_gemm_plugin-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: naive-gemm-plugin\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[dispatcher.plugins]\nnaive_gemm = naive_gemm.plugin\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    listed = json.loads(_cli("plugins", "--json", env=env).stdout)
+    naive = {p["name"]: p for p in listed}["naive_gemm"]
+    assert naive["status"] == "loaded" and naive["variants"] == ["naive"]
+    assert naive["version"] == "0.1.0"
+
+    script = textwrap.dedent("""
+        import numpy as np, dispatcher
+        from dispatcher.verify import random_matrix, reference, max_rel, poison
+        rng = np.random.default_rng(0)
+        a = random_matrix(37, 29, "bf16", "c", rng); b = random_matrix(29, 41, "bf16", "r", rng)
+        out = poison(np.empty((37, 41), a.dtype))
+        dispatcher.gemm(a, b, out=out, variant="naive")
+        print(max_rel(out, reference(a, b)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) <= 2 ** -7 * 4

@@ -1,0 +1,114 @@
+"""Regular GEMM on the CPU: every dtype x layout against a float64 reference."""
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import dtypes
+from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
+
+LAYOUTS = ("rcr", "rrr", "crr", "ccr")
+# Small tiles so that these shapes cover several blocks, partial edge blocks
+# and several K blocks.
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32, micro_m=12, micro_n=32)
+SHAPES = [(37, 53, 71), (96, 128, 64), (1, 1, 1), (131, 7, 257)]
+
+
+def run_checked(a, b, variant="regular", config=SMALL, **kw):
+    out_dtype = dtypes.output_for(dtypes.get(a.dtype).token, kw.pop("out_dtype", None))
+    out = poison(np.empty((a.shape[0], b.shape[1]), out_dtype.numpy))
+    dispatcher.gemm(a, b, out=out, variant=variant, config=config, **kw)
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+def test_every_dtype_and_layout(dtype, layout, rng):
+    for m, n, k in SHAPES:
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        out = run_checked(a, b)
+        ref = reference(a, b)
+        config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
+        assert max_rel(out, ref) <= tolerance(config, k), (dtype, layout, (m, n, k))
+
+
+@pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
+def test_fp8_output_dtype_choice(out_dtype, rng):
+    a = random_matrix(45, 33, "fp8_e5m2", "r", rng)
+    b = random_matrix(33, 29, "fp8_e5m2", "c", rng)
+    out = run_checked(a, b, out_dtype=out_dtype)
+    assert out.dtype == dtypes.get(out_dtype).numpy
+    assert max_rel(out, reference(a, b)) <= dtypes.relative_tolerance(out_dtype, 33)
+
+
+def test_default_output_dtypes_follow_ck(rng):
+    for dtype, expected in [("fp8_e4m3", "fp16"), ("fp8_e5m2fnuz", "fp16"), ("int8", "int32"),
+                            ("bf16", "bf16")]:
+        a = random_matrix(8, 8, dtype, "r", rng)
+        assert dtypes.get(dispatcher.gemm(a, a, config=SMALL).dtype).token == expected
+
+
+def test_alpha_beta(rng):
+    a = random_matrix(50, 40, "fp32", "r", rng)
+    b = random_matrix(40, 30, "fp32", "c", rng)
+    c = random_matrix(50, 30, "fp32", "r", rng)
+    out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=SMALL)
+    assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= 1e-5
+    # in place: c is the output
+    expected = reference(a, b, c, 1.5, 1.0)
+    dispatcher.gemm(a, b, c=c, out=c, alpha=1.5, beta=1.0, config=SMALL)
+    assert max_rel(c, expected) <= 1e-5
+
+
+def test_beta_zero_never_reads_c(rng):
+    a = random_matrix(30, 20, "fp32", "r", rng)
+    b = random_matrix(20, 10, "fp32", "r", rng)
+    out = poison(np.empty((30, 10), np.float32))  # NaN * 0 would leak through
+    dispatcher.gemm(a, b, out=out, beta=0.0, config=SMALL)
+    assert np.isfinite(out).all()
+
+
+def test_views_and_slices_run_in_place(rng):
+    big_a = random_matrix(200, 300, "fp32", "r", rng)
+    big_b = random_matrix(300, 150, "fp32", "c", rng)
+    a, b = big_a[10:77, 5:260], big_b[5:260, 3:100]   # strided views, not copies
+    big_out = poison(np.empty((100, 200), np.float32))
+    out = big_out[7:74, 50:147]
+    dispatcher.gemm(a, b, out=out, config=SMALL)
+    assert max_rel(out, reference(a, b)) <= 1e-5
+    untouched = np.ones(big_out.shape, bool)
+    untouched[7:74, 50:147] = False
+    assert np.isnan(big_out[untouched]).all(), "wrote outside the output view"
+
+
+def test_column_major_output(rng):
+    a = random_matrix(33, 40, "bf16", "r", rng)
+    b = random_matrix(40, 21, "bf16", "c", rng)
+    out = poison(np.asfortranarray(np.empty((33, 21), a.dtype)))
+    dispatcher.gemm(a, b, out=out, config=SMALL)
+    assert max_rel(out, reference(a, b)) <= dtypes.relative_tolerance("bf16", 40)
+
+
+def test_transposed_inputs_are_read_as_column_major(rng):
+    a = random_matrix(64, 48, "fp16", "r", rng)
+    b = random_matrix(32, 48, "fp16", "r", rng)
+    out = dispatcher.gemm(a, b.T)  # b.T is column-major: selected kernel is 'rcr'
+    assert max_rel(out, reference(a, b.T)) <= dtypes.relative_tolerance("fp16", 48)
+
+
+def test_selected_default_kernel_on_larger_problem(rng):
+    a = random_matrix(300, 520, "fp32", "r", rng)
+    b = random_matrix(520, 610, "fp32", "r", rng)
+    out = poison(np.empty((300, 610), np.float32))
+    dispatcher.gemm(a, b, out=out)
+    assert max_rel(out, reference(a, b)) <= 1e-5
+
+
+def test_empty_dimensions(rng):
+    a = np.zeros((0, 5), np.float32)
+    b = np.zeros((5, 3), np.float32)
+    assert dispatcher.gemm(a, b).shape == (0, 3)
+    c = random_matrix(4, 3, "fp32", "r", rng)
+    out = dispatcher.gemm(np.zeros((4, 0), np.float32), np.zeros((0, 3), np.float32), c=c, beta=2.0)
+    np.testing.assert_array_equal(out, 2.0 * c)

@@ -1,0 +1,98 @@
+"""Stream-K on the CPU: parity, reductions, decompositions, determinism, fallback."""
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import dtypes, errors
+from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
+
+# 1 tile wide, 8 K-iterations deep on most shapes below: every worker gets a
+# share of a tile, so partial tiles and the fix-up are exercised.
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32, micro_m=12, micro_n=32)
+SHAPES = [(23, 61, 257), (50, 130, 100), (1, 1, 70)]
+
+
+def run(a, b, workers=2, strict=True, **config):
+    out_dtype = dtypes.output_for(dtypes.get(a.dtype).token)
+    out = poison(np.empty((a.shape[0], b.shape[1]), out_dtype.numpy))
+    cfg = {**SMALL, **config}
+    dispatcher.gemm(a, b, out=out, variant="stream_k", config=cfg, options={"workers": workers},
+                    strict=strict)
+    return out
+
+
+def check(dtype, layout, rng, **config):
+    for m, n, k in SHAPES:
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        out = run(a, b, **config)
+        cfg = dispatcher.KernelConfig.create(variant="stream_k", dtype=dtype, layout=layout,
+                                             **SMALL, **config)
+        assert max_rel(out, reference(a, b)) <= tolerance(cfg, k), (dtype, layout, (m, n, k))
+
+
+@pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
+@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+def test_linear_every_dtype_and_layout(dtype, layout, rng):
+    check(dtype, layout, rng, reduction="linear", decomposition="stream_k")
+
+
+@pytest.mark.parametrize("layout", ["rcr", "ccr"])
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_atomic(dtype, layout, rng):
+    check(dtype, layout, rng, reduction="atomic", decomposition="stream_k")
+
+
+@pytest.mark.parametrize("decomposition", ["hybrid", "data_parallel"])
+@pytest.mark.parametrize("reduction", ["atomic", "linear"])
+def test_decompositions(reduction, decomposition, rng):
+    check("fp32", "rcr", rng, reduction=reduction, decomposition=decomposition)
+
+
+@pytest.mark.parametrize("workers", [1, 3, 5])
+def test_worker_counts(workers, rng):
+    a = random_matrix(70, 130, "fp32", "r", rng)
+    b = random_matrix(130, 150, "fp32", "c", rng)
+    out = run(a, b, workers=workers, reduction="linear", decomposition="stream_k")
+    assert max_rel(out, reference(a, b)) <= 1e-5
+
+
+def test_alpha_beta_with_atomic_and_linear(rng):
+    a = random_matrix(40, 300, "fp32", "r", rng)
+    b = random_matrix(300, 50, "fp32", "r", rng)
+    c = random_matrix(40, 50, "fp32", "r", rng)
+    for reduction in ("atomic", "linear"):
+        out = dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, variant="stream_k",
+                              config={**SMALL, "reduction": reduction, "decomposition": "stream_k"})
+        assert max_rel(out, reference(a, b, c, 2.0, 0.5)) <= 1e-5
+
+
+def test_linear_is_bit_identical_across_runs(rng):
+    a = random_matrix(24, 5000, "fp32", "r", rng)
+    b = random_matrix(5000, 64, "fp32", "c", rng)
+    runs = [run(a, b, workers=3, reduction="linear", decomposition="stream_k") for _ in range(8)]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
+    # the tile really is split: one worker alone sums in another order
+    single = run(a, b, workers=1, reduction="linear", decomposition="stream_k")
+    assert max_rel(single, reference(a, b)) <= 1e-5
+
+
+def test_atomic_needs_a_wide_output():
+    with pytest.raises(errors.ConfigError, match="atomic reduction"):
+        dispatcher.Dispatcher().codegen(dispatcher.KernelConfig.create(
+            variant="stream_k", dtype="bf16", reduction="atomic"))
+
+
+def test_unsupported_problem_falls_back_to_regular(rng):
+    a = random_matrix(1, 1, "fp32", "r", rng)
+    b = random_matrix(1, 1, "fp32", "r", rng)
+    cfg = {**SMALL, "reduction": "linear", "decomposition": "stream_k"}
+    with pytest.raises(errors.UnsupportedProblem, match="at least one K-iteration per worker"):
+        dispatcher.gemm(a, b, variant="stream_k", config=cfg, options={"workers": 4})
+    # the kernel's -2 with a selected (not insisted-on) kernel falls back to regular
+    d = dispatcher.Dispatcher()
+    problem = dispatcher.GemmProblem(1, 1, 1, "fp32", "fp32", "rrr", "stream_k")
+    d._selected[problem] = d.config_for(problem, cfg)
+    out = dispatcher.gemm(a, b, variant="stream_k", options={"workers": 4}, dispatcher=d)
+    assert out[0, 0] == np.float32(a[0, 0] * b[0, 0])
