@@ -54,6 +54,15 @@ def vector_bytes() -> int:
     return 16
 
 
+def _headers_hash() -> str:
+    """The native headers every kernel includes are part of its source."""
+    h = hashlib.sha256()
+    for path in sorted(NATIVE_DIR.rglob("*.h*")):
+        h.update(path.relative_to(NATIVE_DIR).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @attrs.frozen
 class Toolchain:
     """A C++ compiler and the flags every CPU kernel is built with."""
@@ -80,7 +89,7 @@ class Toolchain:
         version = subprocess.run([self.compiler, "--version"], capture_output=True,
                                  text=True).stdout.splitlines()[:1]
         isa = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:16]
-        return f"{' '.join(version)} | {platform.machine()} isa:{isa}"
+        return f"{' '.join(version)} | {platform.machine()} isa:{isa} | headers:{_headers_hash()}"
 
     def compile(self, source: Path, output: Path, extra_flags=()) -> None:
         cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]

@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 # still spread over every core. Measured on the 2-core CI machine
 # (benchmarks/cpu_gemm.py).
 CPU_DEFAULTS = (
-    dict(tile_m=240, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
+    dict(tile_m=120, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
     dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
 )
 

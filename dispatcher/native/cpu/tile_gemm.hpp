@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 #include <string>
 
 #include "dispatcher_abi.h"
@@ -37,14 +39,14 @@ struct F32 {
     using storage = float;
     using compute = float;
     static inline float load(storage v) { return v; }
-    static inline storage store(double v) { return static_cast<float>(v); }
+    static inline storage store(float v) { return v; }
 };
 
 struct F16 {
     using storage = _Float16;
     using compute = float;
     static inline float load(storage v) { return static_cast<float>(v); }
-    static inline storage store(double v) { return static_cast<_Float16>(static_cast<float>(v)); }
+    static inline storage store(float v) { return static_cast<_Float16>(v); }
 };
 
 struct BF16 {
@@ -56,8 +58,7 @@ struct BF16 {
         std::memcpy(&f, &bits, sizeof f);
         return f;
     }
-    static inline storage store(double v) {
-        float f = static_cast<float>(v);
+    static inline storage store(float f) {
         uint32_t bits;
         std::memcpy(&bits, &f, sizeof bits);
         if (std::isnan(f)) return static_cast<storage>((bits >> 16) | 0x40);
@@ -118,12 +119,18 @@ struct Problem {
     typename T::C::storage* c;
     int64_t m, n, k, lda, ldb, ldc;
     double alpha, beta;
+    uint64_t generation;  // unique per launch: keys the packed-panel cache
 
     int64_t tiles_m() const { return (m + T::MC - 1) / T::MC; }
     int64_t tiles_n() const { return (n + T::NC - 1) / T::NC; }
     int64_t tiles() const { return tiles_m() * tiles_n(); }
     int64_t k_iters() const { return (k + T::KC - 1) / T::KC; }
 };
+
+inline uint64_t next_generation() {
+    static std::atomic<uint64_t> counter{0};
+    return ++counter;
+}
 
 // The problem of a single-GEMM call, with every argument checked; a bad one
 // throws (the ABI guard turns it into status -1 with the message).
@@ -144,7 +151,7 @@ Problem<T> make_problem(const dispatcher_gemm_args* args) {
                       static_cast<const typename T::B::storage*>(args->b),
                       static_cast<typename T::C::storage*>(args->c),
                       args->m, args->n, args->k, args->lda, args->ldb, args->ldc,
-                      args->alpha, args->beta};
+                      args->alpha, args->beta, next_generation()};
 }
 
 inline int thread_count(int compiled, int32_t requested) {
@@ -158,11 +165,25 @@ struct AlignedFree {
     void operator()(void* p) const { std::free(p); }
 };
 
+template <class T>
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out);
+
 // Packed panels and the block accumulator, one set per thread, grown on demand.
+//
+// The packed B panel of one column of block tiles (every K block of it) is
+// kept: a thread that runs the tiles of one column one after another packs B
+// once for all of them. It is keyed by (launch generation, column); panels
+// over kPanelCacheBytes are not kept.
 template <class T>
 struct Buffers {
     using Acc = typename T::Acc;
-    std::unique_ptr<Acc, AlignedFree> a_panel, b_panel, acc;
+    static constexpr size_t kPanelCacheBytes = size_t(64) << 20;
+    std::unique_ptr<Acc, AlignedFree> a_panel, b_panels, acc;
+    size_t b_capacity = 0;              // elements in b_panels
+    uint64_t b_generation = 0;          // launch whose panels b_panels holds
+    int64_t b_column = -1;              // their column start j0
+    std::unique_ptr<bool[]> b_packed;   // which K blocks are packed
+    size_t b_blocks = 0;
 
     static Acc* make(size_t count) {
         size_t bytes = (count * sizeof(Acc) + 63) / 64 * 64;
@@ -174,10 +195,42 @@ struct Buffers {
         static thread_local Buffers buffers;
         if (!buffers.acc) {
             buffers.a_panel.reset(make(size_t(T::MC) * T::KC));
-            buffers.b_panel.reset(make(size_t(T::KC) * T::NC));
             buffers.acc.reset(make(size_t(T::MC) * T::NC));
         }
         return buffers;
+    }
+    // The packed panel of K block `block` of column j0, packing it if needed.
+    const Acc* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
+        const size_t panel = size_t(T::KC) * T::NC;
+        const size_t blocks = size_t(P.k_iters());
+        const bool cacheable = blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
+        const size_t want = cacheable ? blocks : 1;
+        if (b_capacity < want * panel) {
+            b_panels.reset(make(want * panel));
+            b_capacity = want * panel;
+            b_generation = 0;
+        }
+        if (b_blocks < want) {
+            b_packed.reset(new bool[want]);
+            b_blocks = want;
+            b_generation = 0;
+        }
+        if (!cacheable) {
+            pack_b<T>(P, kb, kc, j0, nc, b_panels.get());
+            return b_panels.get();
+        }
+        if (b_generation != P.generation || b_column != j0) {
+            std::fill(b_packed.get(), b_packed.get() + b_blocks, false);
+            b_generation = P.generation;
+            b_column = j0;
+        }
+        const size_t block = size_t(kb / T::KC);
+        Acc* dst = b_panels.get() + block * panel;
+        if (!b_packed[block]) {
+            pack_b<T>(P, kb, kc, j0, nc, dst);
+            b_packed[block] = true;
+        }
+        return dst;
     }
 };
 
@@ -293,29 +346,36 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
     for (int64_t kb = k0; kb < k1; kb += T::KC) {
         const int kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - kb));
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
-        pack_b<T>(P, kb, kc, j0, nc, buf.b_panel.get());
+        const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
         for (int sn = 0; sn < n_slivers; ++sn)
             for (int sm = 0; sm < m_slivers; ++sm)
                 micro_kernel<T>(kc, buf.a_panel.get() + size_t(sm) * kc * T::MR,
-                                buf.b_panel.get() + size_t(sn) * kc * T::NR,
+                                b_panel + size_t(sn) * kc * T::NR,
                                 acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add);
     }
 }
+
+// The epilogue's arithmetic type: float for float kernels (so it
+// vectorizes), double for integer ones (exact for int32 accumulators).
+template <class T>
+using Scalar = std::conditional_t<std::is_same_v<typename T::Acc, float>, float, double>;
 
 // C[i0:i0+mc, j0:j0+nc] = alpha * acc + beta * C; C is not read when beta == 0.
 template <class T>
 void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
                 const typename T::Acc* acc) {
     using Out = typename T::C;
+    using S = Scalar<T>;
+    const S alpha = static_cast<S>(P.alpha), beta = static_cast<S>(P.beta);
     for (int i = 0; i < mc; ++i) {
-        auto* crow = P.c + (i0 + i) * P.ldc + j0;
-        const auto* arow = acc + size_t(i) * T::NC;
+        auto* __restrict crow = P.c + (i0 + i) * P.ldc + j0;
+        const auto* __restrict arow = acc + size_t(i) * T::NC;
         if (P.beta == 0.0) {
-            for (int j = 0; j < nc; ++j) crow[j] = Out::store(P.alpha * double(arow[j]));
+            for (int j = 0; j < nc; ++j) crow[j] = Out::store(alpha * S(arow[j]));
         } else {
             for (int j = 0; j < nc; ++j)
-                crow[j] = Out::store(P.alpha * double(arow[j]) + P.beta * double(Out::load(crow[j])));
+                crow[j] = Out::store(alpha * S(arow[j]) + beta * S(Out::load(crow[j])));
         }
     }
 }
@@ -327,7 +387,8 @@ struct TileCoord {
 
 template <class T>
 TileCoord tile_coord(const Problem<T>& P, int64_t tile) {
-    const int64_t ti = tile / P.tiles_n(), tj = tile % P.tiles_n();
+    // Column by column: consecutive tiles share their packed B panel.
+    const int64_t ti = tile % P.tiles_m(), tj = tile / P.tiles_m();
     TileCoord t{ti * T::MC, tj * T::NC, 0, 0};
     t.mc = static_cast<int>(std::min<int64_t>(T::MC, P.m - t.i0));
     t.nc = static_cast<int>(std::min<int64_t>(T::NC, P.n - t.j0));

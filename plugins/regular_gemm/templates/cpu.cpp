@@ -8,7 +8,9 @@ int run(const dispatcher_gemm_args* args) {
         const dcpu::Problem<T> P = dcpu::make_problem<T>(args);
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        // Contiguous runs of tiles per thread, column by column, so each
+        // thread packs a B panel once for all the tiles of its column.
+#pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; ++t) dcpu::compute_tile<T>(P, t);
         return DISPATCHER_OK;
     });

@@ -56,7 +56,8 @@ void atomic_add_tile(const dcpu::Problem<T>& P, const dcpu::TileCoord& t, const 
     for (int i = 0; i < t.mc; ++i) {
         auto* crow = P.c + (t.i0 + i) * P.ldc + t.j0;
         for (int j = 0; j < t.nc; ++j) {
-            const auto v = static_cast<typename T::C::storage>(P.alpha * double(acc[size_t(i) * T::NC + j]));
+            const auto v = static_cast<typename T::C::storage>(
+                dcpu::Scalar<T>(P.alpha) * dcpu::Scalar<T>(acc[size_t(i) * T::NC + j]));
 #pragma omp atomic
             crow[j] += v;
         }
@@ -67,7 +68,8 @@ void scale_tile(const dcpu::Problem<T>& P, const dcpu::TileCoord& t) {
     for (int i = 0; i < t.mc; ++i) {
         auto* crow = P.c + (t.i0 + i) * P.ldc + t.j0;
         for (int j = 0; j < t.nc; ++j)
-            crow[j] = P.beta == 0.0 ? T::C::store(0.0) : T::C::store(P.beta * double(T::C::load(crow[j])));
+            crow[j] = T::C::store(P.beta == 0.0 ? dcpu::Scalar<T>(0)
+                                                : dcpu::Scalar<T>(P.beta) * dcpu::Scalar<T>(T::C::load(crow[j])));
     }
 }
 

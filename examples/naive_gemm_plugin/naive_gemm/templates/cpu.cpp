@@ -16,8 +16,9 @@ int run(const dispatcher_gemm_args* args) {
                     sum += T::A::load(a) * T::B::load(b);
                 }
                 auto& c = P.c[i * P.ldc + j];
-                c = T::C::store(P.alpha * double(sum) +
-                                (P.beta == 0.0 ? 0.0 : P.beta * double(T::C::load(c))));
+                using S = dcpu::Scalar<T>;
+                c = T::C::store(S(P.alpha) * S(sum) +
+                                (P.beta == 0.0 ? S(0) : S(P.beta) * S(T::C::load(c))));
             }
         return DISPATCHER_OK;
     });
