@@ -1,0 +1,81 @@
+"""Shared helpers of the benchmark scripts: environment record, baselines, output.
+
+Every figure a script reports is a ratio against a baseline measured in the
+same run; times are medians over repeated runs (dispatcher.timing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dispatcher import targets
+from dispatcher.timing import TimingOptions, measure, median
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "shapes.json"
+
+
+def load_shapes() -> dict:
+    """The public benchmark corpus (../shared/bench/shapes.json), if present."""
+    for path in (SHAPES, Path(os.environ.get("GEMM_SHAPES", "/nonexistent"))):
+        if path.exists():
+            return json.loads(path.read_text())
+    raise SystemExit(f"benchmark corpus not found at {SHAPES}; set GEMM_SHAPES")
+
+
+def environment() -> dict:
+    """Machine, versions and the BLAS numpy really runs."""
+    cpu = "unknown"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    env = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": platform.machine(), "cpu": cpu, "cpus": targets.get("cpu").parallelism_hint(),
+        "python": sys.version.split()[0], "numpy": np.__version__,
+        "compiler": targets.get("cpu").toolchain().identity,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+    try:
+        from threadpoolctl import threadpool_info
+        env["blas"] = [{k: i.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
+                       for i in threadpool_info() if i.get("user_api") == "blas"]
+    except ImportError:
+        env["blas"] = "threadpoolctl not installed"
+    return env
+
+
+def warn_if_openblas_throttled():
+    if os.environ.get("OPENBLAS_CORETYPE") or os.environ.get("OPENBLAS_L2_SIZE"):
+        print("note: OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set and slow numpy's baseline; run with "
+              "`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` for numpy at its best", file=sys.stderr)
+
+
+def time_call(fn, timing: TimingOptions) -> float:
+    """Median seconds of fn()."""
+    return median(measure(lambda i: fn(), timing))
+
+
+def write(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return float(np.exp(np.mean(np.log(values)))) if values else 0.0
