@@ -242,8 +242,18 @@ void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typenam
     constexpr int MR = T::MR;
     const int slivers = (mc + MR - 1) / MR;
     for (int s = 0; s < slivers; ++s) {
-        Acc* dst = out + size_t(s) * kc * MR;
+        Acc* __restrict dst = out + size_t(s) * kc * MR;
         const int rows = std::min(MR, mc - s * MR);
+        if (T::a_row && rows == MR) {
+            // Full sliver of row-major A: k outer, rows inner, so stores are
+            // contiguous and each row is one sequential read stream (2x faster).
+            const auto* src = P.a + (i0 + s * MR) * P.lda + k0;
+            const int64_t lda = P.lda;
+            for (int p = 0; p < kc; ++p)
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; ++i) dst[p * MR + i] = T::A::load(src[i * lda + p]);
+            continue;
+        }
         for (int i = 0; i < MR; ++i) {
             if (i >= rows) {
                 for (int p = 0; p < kc; ++p) dst[p * MR + i] = Acc(0);
@@ -278,6 +288,13 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typenam
                 for (int j = 0; j < cols; ++j) d[j] = T::B::load(src[j]);
                 for (int j = cols; j < NR; ++j) d[j] = Acc(0);
             }
+        } else if (cols == NR) {
+            // Full sliver of column-major B: as for row-major A above.
+            const auto* src = P.b + col0 * P.ldb + k0;
+            const int64_t ldb = P.ldb;
+            for (int p = 0; p < kc; ++p)
+#pragma GCC unroll 32
+                for (int j = 0; j < NR; ++j) dst[p * NR + j] = T::B::load(src[j * ldb + p]);
         } else {
             // Column-major B: read each column contiguously along k.
             for (int j = 0; j < NR; ++j) {
