@@ -20,11 +20,12 @@ from dispatcher.records import VariantRecord
 VARIANT = "grouped"
 HERE = Path(__file__).parent
 
-# Groups are often small (MoE experts, M_g of a few hundred rows), so the
-# defaults are modest block tiles that keep every core busy.
+# Block tiles as wide as a typical N and short in M, so small groups waste
+# little and each thread packs a group's B panel once (measured in
+# benchmarks/cpu_variants.py).
 CPU_DEFAULTS = (
+    dict(tile_m=48, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
     dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
-    dict(tile_m=48, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
 )
 
 

@@ -75,7 +75,10 @@ void scale_tile(const dcpu::Problem<T>& P, const dcpu::TileCoord& t) {
 
 // The work of worker w (team of plan.workers threads; called by each).
 void run_worker(const dcpu::Problem<T>& P, const Plan& plan, int w, Acc* workspace) {
-    for (int64_t tile = w; tile < plan.dp_tiles; tile += plan.workers) dcpu::compute_tile<T>(P, tile);
+    // Data-parallel tiles in contiguous runs (column by column, as the
+    // regular kernel), so consecutive tiles of a worker share packed B panels.
+    for (int64_t tile = plan.dp_tiles * w / plan.workers; tile < plan.dp_tiles * (w + 1) / plan.workers; ++tile)
+        dcpu::compute_tile<T>(P, tile);
 
     Acc* acc = dcpu::Buffers<T>::local().acc.get();
     const int64_t end = plan.begin(w + 1);

@@ -1,0 +1,134 @@
+"""Stream-K and grouped GEMM on the CPU target, each against its baselines in one run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_variants.py
+
+Stream-K vs regular on the corpus's `stream_k_fp32` shapes: the best config
+of each variant over one shared sweep of tiles (so regular may also split a
+few-tile problem with small tiles), and regular restricted to its default
+candidates (what `dispatcher.gemm` selects without tuning).
+
+Grouped (the corpus's `grouped_fp32` case) vs a Python loop of
+`numpy.matmul` and a loop of our own regular `dispatcher.gemm` calls.
+Writes benchmarks/results/cpu_variants.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tqdm import tqdm
+
+import dispatcher
+from common import environment, geomean, load_shapes, time_call, warn_if_openblas_throttled, write
+from dispatcher.api import Dispatcher
+from dispatcher.cli import run_once
+from dispatcher.timing import TimingOptions
+from regular_gemm.plugin import CPU_DEFAULTS as REGULAR_DEFAULTS
+
+TILES = [  # the shared sweep: (tile_m, tile_n, tile_k, micro_m, micro_n)
+    (32, 64, 256, 8, 32), (48, 64, 256, 12, 32), (48, 96, 256, 12, 32), (64, 64, 256, 8, 32),
+    (96, 96, 256, 12, 32), (96, 96, 128, 12, 32), (96, 128, 256, 12, 32), (120, 512, 256, 12, 32),
+]
+
+
+def sweep(variant, tiles):
+    configs = []
+    for tm, tn, tk, mm, mn in tiles:
+        base = dict(tile_m=tm, tile_n=tn, tile_k=tk, micro_m=mm, micro_n=mn)
+        if variant == "stream_k":
+            configs += [dict(base, reduction=r) for r in ("atomic", "linear")]
+        else:
+            configs.append(base)
+    return configs
+
+
+def best(d, variant, configs, shape, timing):
+    m, n, k = shape
+    rows = [run_once(d, variant=variant, m=m, n=n, k=k, layout="rrr", config=c, timing=timing,
+                     verify=True, strict=True) for c in configs]
+    assert all(r["verified"] for r in rows), [r for r in rows if not r["verified"]]
+    return max(rows, key=lambda r: r["gflops"])
+
+
+def bench_stream_k(d, shapes, timing):
+    rows = []
+    for shape in tqdm(shapes, desc="stream_k", unit="shape"):
+        sk = best(d, "stream_k", sweep("stream_k", TILES), shape, timing)
+        reg = best(d, "regular", sweep("regular", TILES), shape, timing)
+        reg_default = best(d, "regular", list(REGULAR_DEFAULTS), shape, timing)
+        row = {"M": shape[0], "N": shape[1], "K": shape[2],
+               "stream_k_gflops": round(sk["gflops"], 1), "stream_k_kernel": sk["kernel"],
+               "regular_best_gflops": round(reg["gflops"], 1), "regular_best_kernel": reg["kernel"],
+               "regular_default_gflops": round(reg_default["gflops"], 1),
+               "ratio_vs_regular_best": round(sk["gflops"] / reg["gflops"], 3),
+               "ratio_vs_regular_default": round(sk["gflops"] / reg_default["gflops"], 3)}
+        rows.append(row)
+        tqdm.write(f"stream_k {shape}: {row['stream_k_gflops']} GFLOP/s, "
+                   f"{row['ratio_vs_regular_best']}x best regular, "
+                   f"{row['ratio_vs_regular_default']}x default regular")
+    return rows
+
+
+def bench_grouped(d, case, timing, seed):
+    rng = np.random.default_rng(seed)
+    lo, hi = case["m_range"]
+    ms = rng.integers(lo, hi + 1, size=case["groups"])
+    n, k = case["n"], case["k"]
+    As = [rng.uniform(-1, 1, (int(m), k)).astype(np.float32) for m in ms]
+    Bs = [rng.uniform(-1, 1, (k, n)).astype(np.float32) for _ in ms]
+    flops = sum(2.0 * m * n * k for m in ms)
+    candidates = [dict(tile_m=tm, tile_n=tn, tile_k=256)
+                  for tm, tn in ((48, 512), (120, 512), (96, 128), (48, 128), (96, 256), (48, 256))]
+    grouped = {}
+    for cfg in candidates:
+        dispatcher.grouped_gemm(As, Bs, config=cfg, dispatcher=d)  # build outside the timing
+        grouped[str(cfg)] = time_call(lambda: dispatcher.grouped_gemm(As, Bs, config=cfg, dispatcher=d), timing)
+    best_cfg = min(grouped, key=grouped.get)
+    outs = dispatcher.grouped_gemm(As, Bs, config=eval(best_cfg), dispatcher=d)
+    max_rel = max(dispatcher.verify.max_rel(o, a.astype(np.float64) @ b) for o, a, b in zip(outs, As, Bs))
+    for a, b in zip(As, Bs):
+        dispatcher.gemm(a, b, dispatcher=d)  # build the regular kernels outside the timing
+    numpy_loop = time_call(lambda: [a @ b for a, b in zip(As, Bs)], timing)
+    ours_loop = time_call(lambda: [dispatcher.gemm(a, b, dispatcher=d) for a, b in zip(As, Bs)], timing)
+    results = {"groups": int(case["groups"]), "m": [int(m) for m in ms], "n": n, "k": k,
+               "grouped_best_config": best_cfg, "grouped_gflops": round(flops / grouped[best_cfg] / 1e9, 1),
+               "numpy_loop_gflops": round(flops / numpy_loop / 1e9, 1),
+               "our_regular_loop_gflops": round(flops / ours_loop / 1e9, 1),
+               "ratio_vs_numpy_loop": round(numpy_loop / grouped[best_cfg], 3),
+               "ratio_vs_our_regular_loop": round(ours_loop / grouped[best_cfg], 3),
+               "max_rel": max_rel}
+    print(f"grouped {case['groups']} groups: {results['grouped_gflops']} GFLOP/s, "
+          f"{results['ratio_vs_numpy_loop']}x numpy loop, {results['ratio_vs_our_regular_loop']}x our loop")
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--out", default="cpu_variants")
+    args = ap.parse_args()
+    warn_if_openblas_throttled()
+    timing = TimingOptions(warmup=2, repeat=args.repeat)
+    corpus = load_shapes()["cpu"]
+    d = Dispatcher()
+    sk_rows = bench_stream_k(d, [tuple(s) for s in corpus["stream_k_fp32"]], timing)
+    grouped = [bench_grouped(d, dict(corpus["grouped_fp32"], groups=g), timing, corpus["grouped_fp32"]["seed"])
+               for g in (16, corpus["grouped_fp32"]["groups"], 64)]
+    long_k = [r for r in sk_rows if r["M"] * r["N"] < 128 * 128]
+    summary = {
+        "stream_k_long_k_geomean_vs_regular_best": round(geomean(r["ratio_vs_regular_best"] for r in long_k), 3),
+        "stream_k_long_k_geomean_vs_regular_default": round(geomean(r["ratio_vs_regular_default"] for r in long_k), 3),
+        "stream_k_square_vs_regular_best": [r["ratio_vs_regular_best"] for r in sk_rows if r not in long_k],
+        "grouped_vs_numpy_loop": [g["ratio_vs_numpy_loop"] for g in grouped],
+        "grouped_vs_our_regular_loop": [g["ratio_vs_our_regular_loop"] for g in grouped],
+    }
+    path = write(args.out, {"environment": environment(),
+                            "timing": {"warmup": 2, "repeat": args.repeat, "statistic": "median"},
+                            "summary": summary, "stream_k": sk_rows, "grouped": grouped})
+    print(summary)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
