@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import threading
 
+import attrs
+
 from . import targets
 from .build import BuildCache
 from .config import KernelConfig
-from .errors import ConfigError, PluginError, UnsupportedProblem
+from .errors import ConfigError, PluginError, ProblemError, UnsupportedProblem
 from .library import Library
 from .plugins import get_manager
-from .problem import GroupedGemmProblem, prepare_gemm, prepare_grouped
+from .problem import prepare_gemm, prepare_grouped
 
 
 class Dispatcher:
@@ -133,31 +135,41 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     """alpha * a @ b + beta * c, on the selected (or given) kernel.
 
     a, b: 2-D arrays of one input dtype, row- or column-major (views are read
-    in place). c: the matrix beta scales (needed when beta != 0). out: write
-    the result here (any layout); else a new row-major array is returned.
-    out_dtype: defaults to CK's rule (fp8 -> fp16, int8 -> int32).
-    config: a KernelConfig or a dict of config fields; None selects one.
-    strict: if the kernel cannot run the problem (status -2), raise
-    `UnsupportedProblem` instead of falling back to the variant's fallback.
+    in place). On the cuda target: torch CUDA tensors or CUDA arrays (used in
+    place, on the caller's current stream) or numpy arrays (copied to the
+    device and back). c: the matrix beta scales (needed when beta != 0).
+    out: write the result here (any layout); else a new row-major array of
+    the inputs' kind is returned. out_dtype: defaults to CK's rule
+    (fp8 -> fp16, int8 -> int32). target: "cpu", "cuda" or "auto" (the
+    target owning the arrays). config: a KernelConfig or a dict of config
+    fields; None selects one. strict: if the kernel cannot run the problem
+    (status -2), raise `UnsupportedProblem` instead of falling back to the
+    variant's fallback.
     """
     target = _resolve_target(target, a, b)
-    problem, operands, result = prepare_gemm(a, b, c=c, out=out, alpha=alpha, beta=beta,
-                                             out_dtype=out_dtype, variant=variant, target=target)
+    session = targets.get(target).session(a, b, c, out)
+    a_, b_, c_, out_ = session.arrays
+    problem, operands, result = prepare_gemm(a_, b_, c=c_, out=out_, alpha=alpha, beta=beta,
+                                             out_dtype=out_dtype, variant=variant, target=target,
+                                             memory=session.memory, allocate=session.empty)
+    host_out = out if out is not None and out_ is not out else None
     if problem.m == 0 or problem.n == 0:
-        return result
+        return session.finish(result, host_out)
     if problem.k == 0:
+        if target != "cpu":
+            raise ProblemError("K = 0 is only supported on the cpu target")
         result[...] = (beta * result.astype("float64")).astype(result.dtype) if beta else 0
         return result
     d = dispatcher or default_dispatcher()
+    options = {"stream": session.stream, **(options or {})}
     try:
         d.run(problem, operands, config, options)
     except UnsupportedProblem:
         fallback = d.manager.variant(variant).fallback
         if strict or config is not None or not fallback:
             raise
-        import attrs
         d.run(attrs.evolve(problem, variant=fallback), operands, None, options)
-    return result
+    return session.finish(result, host_out)
 
 
 def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
@@ -165,14 +177,19 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
     """[alpha * a_g @ b_g for each g] in one launch; returns a list of arrays.
 
     Groups may differ in M, N and K (M_g = 0 is fine); they share one dtype
-    and one layout.
+    and one layout. Arrays as for `gemm`.
     """
-    target = _resolve_target(target, *list(list_a), *list(list_b))
-    problem, operands, results = prepare_grouped(list_a, list_b, out_dtype=out_dtype, alpha=alpha,
-                                                 variant=variant, target=target)
-    if not isinstance(problem, GroupedGemmProblem) or not any(m * n for m, n, _ in problem.groups):
+    list_a, list_b = list(list_a), list(list_b)
+    target = _resolve_target(target, *list_a, *list_b)
+    session = targets.get(target).session(*list_a, *list_b)
+    arrays = session.arrays
+    problem, operands, results = prepare_grouped(
+        arrays[:len(list_a)], arrays[len(list_a):], out_dtype=out_dtype, alpha=alpha,
+        variant=variant, target=target, memory=session.memory, allocate=session.empty)
+    if any(m * n for m, n, _ in problem.groups):
+        options = {"stream": session.stream, **(options or {})}
+        (dispatcher or default_dispatcher()).run(problem, operands, config, options)
+    elif target == "cpu":
         for r in results:
             r[...] = 0
-        return results
-    (dispatcher or default_dispatcher()).run(problem, operands, config, options)
-    return results
+    return [session.finish(r) for r in results]

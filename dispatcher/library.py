@@ -136,11 +136,11 @@ class Library:
 
 
 def data_pointer(x) -> int:
-    """Address of an array's first element: numpy (host) or any object with
-    `__cuda_array_interface__` (device)."""
-    if hasattr(x, "__cuda_array_interface__"):
-        return x.__cuda_array_interface__["data"][0]
-    return x.ctypes.data
+    """Address of an array's first element: a numpy array (host) or a
+    `cuda_memory.DeviceArray` (device)."""
+    if isinstance(x, np.ndarray):
+        return x.ctypes.data
+    return x.ptr
 
 
 def gemm_args(operands, workers: int = 0, workspace: int = 0, workspace_bytes: int = 0,

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import AliasingError, DtypeError, LayoutError, ProblemError
+from .memory import HOST
 
 
 @attrs.frozen
@@ -116,10 +117,10 @@ def _flip(layout_char: str) -> str:
     return "c" if layout_char == "r" else "r"
 
 
-def _input_dtype(a, b) -> dtypes.DType:
+def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
     for name, x in (("a", a), ("b", b)):
-        if not isinstance(x, np.ndarray):
-            raise ProblemError(f"{name} must be a numpy array, got {type(x).__name__}")
+        if not memory.accepts(x):
+            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
     da, db = dtypes.get(a.dtype), dtypes.get(b.dtype)
     if da != db:
         raise DtypeError(f"a is {da.token} but b is {db.token}; both inputs must have one dtype")
@@ -128,21 +129,22 @@ def _input_dtype(a, b) -> dtypes.DType:
     return da
 
 
-def _check_no_alias(out, what, *inputs):
+def _check_no_alias(memory, out, what, *inputs):
     for name, x in inputs:
-        if x is not None and np.shares_memory(out, x):
+        if x is not None and memory.overlaps(out, x):
             raise AliasingError(f"{what} overlaps {name}; the kernel would read what it writes")
 
 
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
-                 variant="regular", target="cpu"):
+                 variant="regular", target="cpu", memory=HOST, allocate=None):
     """(problem, operands, result) for C = alpha*a@b + beta*c.
 
     `result` is the array the caller gets back (`out` if given). A
     column-major result is computed as its row-major transpose
     (C^T = B^T A^T), so kernels only ever write row-major C.
     """
-    src = _input_dtype(a, b)
+    src = _input_dtype(a, b, memory)
+    allocate = allocate or memory.empty
     if a.ndim != 2 or b.ndim != 2:
         raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
     (m, k), (k2, n) = a.shape, b.shape
@@ -155,24 +157,24 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
     for name, x in (("c", c), ("out", out)):
         if x is None:
             continue
-        if not isinstance(x, np.ndarray):
-            raise ProblemError(f"{name} must be a numpy array, got {type(x).__name__}")
+        if not memory.accepts(x):
+            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
         if x.shape != (m, n):
             raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
         if dtypes.get(x.dtype) != dst:
             raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
     if c is not None:
-        _check_no_alias(c, "c", ("a", a), ("b", b))
+        _check_no_alias(memory, c, "c", ("a", a), ("b", b))
     if out is not None:
-        _check_no_alias(out, "out", ("a", a), ("b", b))
-        if not out.flags.writeable:
+        _check_no_alias(memory, out, "out", ("a", a), ("b", b))
+        if not memory.writable(out):
             raise ProblemError("out is read-only")
         possible_layouts(out, "out")
-    result = out if out is not None else np.empty((m, n), dst.numpy)
+    result = out if out is not None else allocate((m, n), dst.numpy)
     if beta != 0 and c is not None and c is not result:
-        if np.shares_memory(c, result):
+        if memory.overlaps(c, result):
             raise AliasingError("c partially overlaps out")
-        result[...] = c
+        memory.copy(result, c)
 
     la, lda = possible_layouts(a, "a")[0]
     lb, ldb = possible_layouts(b, "b")[0]
@@ -187,7 +189,8 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
     return problem, GemmOperands(A, B, C, lda, ldb, ldc, float(alpha), float(beta)), result
 
 
-def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu"):
+def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
+                    memory=HOST, allocate=None):
     """(problem, operands, results) for C_g = alpha * A_g @ B_g, g = 0..G-1."""
     list_a, list_b = list(list_a), list(list_b)
     if len(list_a) != len(list_b):
@@ -195,7 +198,7 @@ def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="group
     src = None
     shapes, layouts_a, layouts_b = [], [], []
     for g, (a, b) in enumerate(zip(list_a, list_b)):
-        d = _input_dtype(a, b)
+        d = _input_dtype(a, b, memory)
         if src is not None and d != src:
             raise DtypeError(f"group {g} is {d.token} but group 0 is {src.token}; groups share one dtype")
         src = d
@@ -209,7 +212,8 @@ def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="group
     dst = dtypes.output_for(src.token, out_dtype)
     la = _common_layout(layouts_a, "A")
     lb = _common_layout(layouts_b, "B")
-    results = [np.empty((m, n), dst.numpy) for m, n, _ in shapes]
+    allocate = allocate or memory.empty
+    results = [allocate((m, n), dst.numpy) for m, n, _ in shapes]
     operands = GroupedOperands(
         list_a, list_b, results,
         np.array([l[la] for l in layouts_a], np.int64),

@@ -169,6 +169,10 @@ class CpuTarget:
     def owns(self, array) -> bool:
         return True
 
+    def session(self, *arrays):
+        from ..memory import HostSession
+        return HostSession(*arrays)
+
     def parallelism_hint(self) -> str:
         return f"{cpu_count()} threads, {vector_bytes() * 8}-bit vectors"
 

@@ -28,14 +28,28 @@ CPU_DEFAULTS = (
 )
 
 
+# CUTLASS SM90 tiles: the large cooperative tile for throughput, a smaller
+# one for problems with few tiles (tile_k spans 128 bytes of A).
+CUDA_DEFAULTS = (
+    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
+    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="cooperative"),
+)
+
+
+def cuda_tile_k(dtype: str) -> int:
+    return 128 // dtypes.get(dtype).itemsize
+
+
 def default_configs(target, dtype, layout):
+    if target == "cuda":
+        return [dict(d, tile_k=cuda_tile_k(dtype)) for d in CUDA_DEFAULTS]
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 
 RECORD = VariantRecord(
     name=VARIANT,
     problem_kind="gemm",
-    targets=("cpu",),
+    targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
     default_configs=default_configs,
@@ -60,5 +74,6 @@ def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
     entry = library.registry[library.name]
-    library.run_gemm(gemm_args(operands, workers=options.get("workers", 0)), entry)
+    args = gemm_args(operands, workers=options.get("workers", 0), stream=options.get("stream", 0))
+    library.run_gemm(args, entry)
     return LaunchResult(library.name)

@@ -1,0 +1,132 @@
+// Shared pieces of generated CUDA sources: CUTLASS 3.x SM90 collectives
+// assembled from a KernelTraits type (written by dispatcher/targets/cuda.py),
+// stride helpers and error handling. Which kernel schedule and tile
+// scheduler a kernel uses is variant knowledge and lives in the templates.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#include "dispatcher_abi.h"
+
+namespace dcuda {
+
+using namespace cute;
+
+// The mainloop and epilogue collectives of one kernel. LayoutA/B/C are the
+// traits' layouts, or pointers to them for pointer-array (grouped) kernels.
+template <class T, class MainloopSchedule, class EpilogueSchedule, class LayoutA, class LayoutB,
+          class LayoutC>
+struct Collectives {
+    static constexpr int kAlignA = 128 / cutlass::sizeof_bits<typename T::ElementA>::value;
+    static constexpr int kAlignB = 128 / cutlass::sizeof_bits<typename T::ElementB>::value;
+    static constexpr int kAlignC = 128 / cutlass::sizeof_bits<typename T::ElementC>::value;
+
+    using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename T::TileShape,
+        typename T::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+        typename T::ElementC, LayoutC, kAlignC, typename T::ElementC, LayoutC, kAlignC,
+        EpilogueSchedule,
+        cutlass::epilogue::fusion::LinearCombination<typename T::ElementC, float>>::CollectiveOp;
+
+    using Stages = std::conditional_t<
+        (T::kStages > 0), cutlass::gemm::collective::StageCount<(T::kStages > 0 ? T::kStages : 2)>,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+            sizeof(typename Epilogue::SharedStorage))>>;
+
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename T::ElementA, LayoutA, kAlignA,
+        typename T::ElementB, LayoutB, kAlignB, float, typename T::TileShape,
+        typename T::ClusterShape, Stages, MainloopSchedule>::CollectiveOp;
+};
+
+// A CUTLASS stride whose one dynamic leading mode holds `ld` (elements).
+template <class Stride>
+Stride stride_with_ld(int64_t ld) {
+    Stride s{};
+    if constexpr (cute::is_static<std::remove_reference_t<decltype(cute::get<0>(s))>>::value)
+        cute::get<1>(s) = ld;
+    else
+        cute::get<0>(s) = ld;
+    return s;
+}
+
+inline cutlass::KernelHardwareInfo hardware(int32_t workers) {
+    cutlass::KernelHardwareInfo hw;
+    cudaGetDevice(&hw.device_id);
+    hw.sm_count = workers > 0 ? workers
+                              : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+    return hw;
+}
+
+struct Failure : std::runtime_error {
+    int status;
+    Failure(int s, const std::string& what) : std::runtime_error(what), status(s) {}
+};
+
+inline void check_cuda(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw Failure(DISPATCHER_ERROR, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// The arguments of a single-problem call, checked (sizes, pointers, leading
+// dimensions for the compiled layouts).
+template <class T>
+void check_args(const dispatcher_gemm_args* a) {
+    if (!a) throw Failure(DISPATCHER_ERROR, "null argument struct");
+    if (!a->a || !a->b || !a->c) throw Failure(DISPATCHER_ERROR, "null operand pointer");
+    if (a->m < 1 || a->n < 1 || a->k < 1) throw Failure(DISPATCHER_ERROR, "M, N and K must be >= 1");
+    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX)
+        throw Failure(DISPATCHER_UNSUPPORTED, "M, N and K must fit in 32 bits");
+    const int64_t min_lda = T::kARow ? a->k : a->m;
+    const int64_t min_ldb = T::kBRow ? a->n : a->k;
+    if (a->lda < min_lda || a->ldb < min_ldb || a->ldc < a->n)
+        throw Failure(DISPATCHER_ERROR, "leading dimension smaller than the matrix");
+}
+
+// can_implement / initialize / run of a GemmUniversalAdapter; a problem the
+// kernel cannot run (alignment, sizes) is status -2, decided by CUTLASS's
+// own can_implement check.
+template <class Gemm>
+int run_gemm(typename Gemm::Arguments& arguments, void* workspace, int64_t workspace_bytes,
+             cudaStream_t stream) {
+    if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess)
+        throw Failure(DISPATCHER_UNSUPPORTED,
+                      "CUTLASS can_implement rejected the problem (TMA needs 16-byte aligned "
+                      "pointers and leading dimensions)");
+    if (static_cast<int64_t>(Gemm::get_workspace_size(arguments)) > workspace_bytes)
+        throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
+    Gemm gemm;
+    cutlass::Status st = gemm.initialize(arguments, workspace, stream);
+    if (st != cutlass::Status::kSuccess)
+        throw Failure(DISPATCHER_ERROR, std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st));
+    st = gemm.run(stream);
+    if (st != cutlass::Status::kSuccess)
+        throw Failure(DISPATCHER_ERROR, std::string("CUTLASS run failed: ") + cutlassGetStatusString(st));
+    check_cuda(cudaGetLastError(), "kernel launch");
+    return DISPATCHER_OK;
+}
+
+// The ABI guard for CUDA entry points: Failure keeps its status.
+template <class Body>
+int guarded(Body&& body) {
+    return dispatcher_abi::guarded([&] {
+        try {
+            return body();
+        } catch (const Failure& f) {
+            return dispatcher_abi::fail(f.status, f.what());
+        }
+    });
+}
+
+}  // namespace dcuda

@@ -1,0 +1,222 @@
+"""The `cuda` target: CUTLASS 3.x SM90 instances built with nvcc, for Hopper.
+
+Kernels instantiate CUTLASS templates through `dispatcher/native/cuda/`; the
+CUTLASS headers come from the `nvidia-cutlass` package (the `cuda` extra).
+The target block of a CUDA `KernelConfig` is the thread-block cluster, the
+kernel schedule (warp-specialized cooperative or ping-pong) and the
+mainloop stage count. Device memory and streams go through CuPy
+(`dispatcher.targets.cuda_memory`), imported only when a kernel runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import attrs
+
+from .. import dtypes
+from ..errors import BuildError, ToolchainError
+from ..records import Option
+from . import register
+
+NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+SUPPORTED_ARCHS = ("90a",)
+
+_ELEMENTS = {
+    "fp32": "float", "fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t",
+    "fp8_e4m3": "cutlass::float_e4m3_t", "fp8_e5m2": "cutlass::float_e5m2_t",
+}
+INPUT_DTYPES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+_SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer-array epilogue)
+    "cooperative": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+                    "cutlass::epilogue::TmaWarpSpecializedCooperative",
+                    "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
+                    "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative"),
+    "pingpong": ("cutlass::gemm::KernelTmaWarpSpecializedPingpong",
+                 "cutlass::epilogue::TmaWarpSpecialized",
+                 "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
+                 "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"),
+}
+
+
+def cutlass_includes() -> list:
+    """Include folders of the `nvidia-cutlass` package, or ToolchainError."""
+    try:
+        import cutlass_library
+    except ImportError:
+        raise ToolchainError("the cuda target needs CUTLASS headers: "
+                             "pip install 'gemm-dispatcher[cuda]' (the nvidia-cutlass package)") from None
+    source = Path(cutlass_library.__file__).resolve().parent / "source"
+    folders = [source / "include", source / "tools" / "util" / "include"]
+    missing = [str(f) for f in folders if not f.is_dir()]
+    if missing:
+        raise ToolchainError(f"nvidia-cutlass is installed but lacks {', '.join(missing)}")
+    return folders
+
+
+def find_nvcc() -> str:
+    for candidate in (os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"),
+                      shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise ToolchainError("nvcc not found (looked in $CUDA_HOME/bin, PATH and /usr/local/cuda/bin): "
+                         "install the CUDA toolkit (12.4 or newer) or set CUDA_HOME")
+
+
+def detect_arch() -> str:
+    """`$DISPATCHER_CUDA_ARCH`, else the GPU's compute capability, else 90a
+    (building without a GPU targets Hopper)."""
+    if os.environ.get("DISPATCHER_CUDA_ARCH"):
+        return os.environ["DISPATCHER_CUDA_ARCH"]
+    try:
+        from . import cuda_memory
+        major, minor = cuda_memory.compute_capability()
+        return f"{major}{minor}a" if (major, minor) == (9, 0) else f"{major}{minor}"
+    except Exception:
+        return "90a"
+
+
+@attrs.frozen
+class Toolchain:
+    compiler: str
+    flags: tuple
+    arch: str
+
+    @classmethod
+    @functools.lru_cache(maxsize=None)
+    def find(cls) -> "Toolchain":
+        nvcc = find_nvcc()
+        includes = cutlass_includes()
+        arch = detect_arch()
+        if arch not in SUPPORTED_ARCHS:
+            raise ToolchainError(f"CUDA arch sm_{arch} is not supported; the cuda target builds "
+                                 f"CUTLASS SM90 kernels for {', '.join('sm_' + a for a in SUPPORTED_ARCHS)}")
+        flags = ("-std=c++17", "-O3", "-DNDEBUG", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                 "--expt-relaxed-constexpr", "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden",
+                 f"-I{NATIVE_DIR}", *(f"-I{p}" for p in includes))
+        return cls(nvcc, flags, arch)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        version = subprocess.run([self.compiler, "--version"], capture_output=True, text=True).stdout
+        headers = hashlib.sha256()
+        for path in sorted((NATIVE_DIR).rglob("*.h*")):
+            headers.update(path.read_bytes())
+        import cutlass_library
+        cutlass_version = getattr(cutlass_library, "__version__", "?")
+        return (f"{version.strip().splitlines()[-1]} | sm_{self.arch} | cutlass {cutlass_version} "
+                f"| headers:{headers.hexdigest()[:16]}")
+
+    def compile(self, source: Path, output: Path, extra_flags=()) -> None:
+        cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            errors = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines()
+            first = "\n".join(line[:300] for line in errors[:12])
+            raise BuildError(f"nvcc compilation of {source.name} failed:\n{first}", proc.stderr)
+
+
+@attrs.frozen
+class CudaTarget:
+    name: str = "cuda"
+    options: tuple = (
+        Option("cluster_m", 2, "thread-block cluster extent along M", choices=(1, 2, 4)),
+        Option("cluster_n", 1, "thread-block cluster extent along N", choices=(1, 2, 4)),
+        Option("schedule", "cooperative", "warp-specialized kernel schedule",
+               choices=tuple(_SCHEDULES)),
+        Option("stages", 0, "mainloop pipeline stages (0: as many as shared memory holds)",
+               low=0, high=8),
+    )
+
+    def toolchain(self) -> Toolchain:
+        return Toolchain.find()
+
+    def name_tokens(self, opts: dict) -> str:
+        sched = {"cooperative": "coop", "pingpong": "pp"}[opts["schedule"]]
+        stages = opts["stages"] or "auto"
+        return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}"
+
+    def check(self, config) -> str | None:
+        o = config.target_params
+        if config.dtype_a not in INPUT_DTYPES:
+            return f"the cuda target takes {', '.join(INPUT_DTYPES)} inputs, not {config.dtype_a}"
+        if config.dtype_c not in _ELEMENTS:
+            return f"the cuda target cannot write {config.dtype_c}"
+        if dtypes.get(config.dtype_a).is_float8 and config.layout[:2] != "rc":
+            return "fp8 tensor-core MMA needs K-major operands: layout rcr"
+        if config.layout[2] != "r":
+            return "CUDA kernels write row-major C (column-major C is run transposed)"
+        tile_ms = (128, 256) if o["schedule"] == "cooperative" else (64, 128)
+        if config.tile_m not in tile_ms:
+            return f"the {o['schedule']} schedule takes tile_m in {tile_ms}"
+        if config.tile_n not in (64, 128, 192, 256):
+            return "tile_n must be 64, 128, 192 or 256"
+        if config.tile_k * dtypes.get(config.dtype_a).itemsize not in (64, 128, 256):
+            return "tile_k must span 64, 128 or 256 bytes of A (e.g. 64 for bf16, 128 for fp8)"
+        if o["cluster_m"] * o["cluster_n"] > 4:
+            return "clusters of more than 4 CTAs are not portable"
+        return None
+
+    def prelude(self, config) -> str:
+        o = config.target_params
+        mainloop, epilogue, ptr_mainloop, ptr_epilogue = _SCHEDULES[o["schedule"]]
+        layout = {"r": "cutlass::layout::RowMajor", "c": "cutlass::layout::ColumnMajor"}
+        return "\n".join([
+            '#include "cuda/cutlass_common.hpp"',
+            "",
+            f'#define KERNEL_NAME "{config.name}"',
+            "struct KernelTraits {",
+            f"    using ElementA = {_ELEMENTS[config.dtype_a]};",
+            f"    using ElementB = {_ELEMENTS[config.dtype_b]};",
+            f"    using ElementC = {_ELEMENTS[config.dtype_c]};",
+            f"    using LayoutA = {layout[config.layout[0]]};",
+            f"    using LayoutB = {layout[config.layout[1]]};",
+            f"    using LayoutC = {layout[config.layout[2]]};",
+            f"    static constexpr bool kARow = {str(config.layout[0] == 'r').lower()};",
+            f"    static constexpr bool kBRow = {str(config.layout[1] == 'r').lower()};",
+            f"    using TileShape = cute::Shape<cute::_{config.tile_m}, cute::_{config.tile_n}, cute::_{config.tile_k}>;",
+            f"    using ClusterShape = cute::Shape<cute::_{o['cluster_m']}, cute::_{o['cluster_n']}, cute::_1>;",
+            f"    static constexpr int kStages = {o['stages']};",
+            f"    using MainloopSchedule = {mainloop};",
+            f"    using EpilogueSchedule = {epilogue};",
+            f"    using PtrArrayMainloopSchedule = {ptr_mainloop};",
+            f"    using PtrArrayEpilogueSchedule = {ptr_epilogue};",
+            "};",
+            "",
+        ])
+
+    def parallelism(self, config) -> int:
+        """Multiprocessors of the GPU (132 on an H200 when none is visible)."""
+        try:
+            from . import cuda_memory
+            return cuda_memory.multiprocessors()
+        except Exception:
+            return 132
+
+    def available(self) -> bool:
+        try:
+            from . import cuda_memory
+            return cuda_memory.device_count() > 0
+        except Exception:
+            return False
+
+    def owns(self, array) -> bool:
+        from . import cuda_memory
+        return cuda_memory.is_device_array(array)
+
+    def session(self, *arrays):
+        from .cuda_memory import DeviceSession
+        if not self.available():
+            raise ToolchainError("target 'cuda' needs an NVIDIA GPU and CuPy; none is visible here")
+        return DeviceSession(*arrays)
+
+    def parallelism_hint(self) -> str:
+        return f"{self.parallelism(None)} SMs"
+
+
+CUDA = register(CudaTarget())

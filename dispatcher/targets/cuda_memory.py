@@ -1,0 +1,196 @@
+"""Device memory, streams and array interop of the cuda target, through CuPy.
+
+Accepted operands: torch CUDA tensors (read in place through `data_ptr()` and
+`stride()`, bf16 and fp8 included), any object with
+`__cuda_array_interface__` (CuPy arrays; read in place), and numpy arrays
+(copied to the device and back). Kernels run on the caller's current stream:
+torch's for torch tensors, CuPy's otherwise. CuPy is imported only here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import DtypeError, ProblemError, ToolchainError
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise ToolchainError("the cuda target needs CuPy for device memory and streams: "
+                             "pip install 'gemm-dispatcher[cuda]'") from None
+    return cupy
+
+
+def device_count() -> int:
+    return _cupy().cuda.runtime.getDeviceCount()
+
+
+def compute_capability() -> tuple:
+    cc = _cupy().cuda.Device().compute_capability
+    return int(cc[:-1]), int(cc[-1])
+
+
+def multiprocessors() -> int:
+    return _cupy().cuda.Device().attributes["MultiProcessorCount"]
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def is_device_array(x) -> bool:
+    return hasattr(x, "__cuda_array_interface__") or (_is_torch(x) and getattr(x, "is_cuda", False))
+
+
+class DeviceArray:
+    """A typed, strided view of device memory (numpy dtype, byte strides)."""
+
+    def __init__(self, shape, strides, dtype, ptr, owner):
+        self.shape, self.strides = tuple(shape), tuple(strides)
+        self.dtype, self.ptr, self.owner = np.dtype(dtype), int(ptr), owner
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape)))
+    itemsize = property(lambda self: self.dtype.itemsize)
+
+    @property
+    def T(self):
+        return DeviceArray(self.shape[::-1], self.strides[::-1], self.dtype, self.ptr, self.owner)
+
+    def extent(self) -> tuple:
+        """[first byte, last byte + 1) this view touches."""
+        if self.size == 0:
+            return self.ptr, self.ptr
+        last = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        return self.ptr, self.ptr + last + self.itemsize
+
+
+def _torch_dtype_token(t) -> str:
+    name = str(t.dtype).replace("torch.", "")
+    token = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
+             "float8_e5m2": "fp8_e5m2", "int8": "int8", "int32": "int32"}.get(name)
+    if token is None:
+        raise DtypeError(f"torch dtype {t.dtype} is not supported")
+    return token
+
+
+def view(x) -> DeviceArray:
+    """A DeviceArray over a user's device array, without copying."""
+    if _is_torch(x):
+        d = dtypes.get(_torch_dtype_token(x))
+        return DeviceArray(x.shape, [s * d.itemsize for s in x.stride()], d.numpy, x.data_ptr(), x)
+    iface = x.__cuda_array_interface__
+    dtype = np.dtype(iface["typestr"])
+    shape = iface["shape"]
+    strides = iface.get("strides") or tuple(
+        int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+    return DeviceArray(shape, strides, dtype, iface["data"][0], x)
+
+
+def _raw(dtype) -> np.dtype:
+    return np.dtype(f"u{np.dtype(dtype).itemsize}")
+
+
+class DeviceMemory:
+    name = "device"
+
+    def accepts(self, x) -> bool:
+        return isinstance(x, DeviceArray)
+
+    def empty(self, shape, dtype):
+        """Raw device bytes typed as `dtype` (CuPy lacks bf16 and fp8)."""
+        buf = _cupy().empty(shape, _raw(dtype))
+        return DeviceArray(shape, buf.strides, dtype, buf.data.ptr, buf)
+
+    def overlaps(self, x, y) -> bool:
+        (a0, a1), (b0, b1) = x.extent(), y.extent()
+        return a0 < b1 and b0 < a1
+
+    def copy(self, dst, src):
+        cp = _cupy()
+        memptr = lambda v: cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(v.ptr, v.extent()[1] - v.ptr, v.owner), 0)
+        d = cp.ndarray(dst.shape, _raw(dst.dtype), memptr(dst), strides=dst.strides)
+        s = cp.ndarray(src.shape, _raw(src.dtype), memptr(src), strides=src.strides)
+        d[...] = s
+
+    def writable(self, x) -> bool:
+        return True
+
+    def to_host(self, x: DeviceArray, host: np.ndarray):
+        cp = _cupy()
+        mem = cp.cuda.UnownedMemory(x.ptr, x.extent()[1] - x.ptr, x.owner)
+        arr = cp.ndarray(x.shape, _raw(x.dtype), cp.cuda.MemoryPointer(mem, 0), strides=x.strides)
+        host.view(_raw(host.dtype))[...] = cp.asnumpy(arr)
+
+    def from_host(self, x: np.ndarray) -> DeviceArray:
+        order = "F" if (x.flags.f_contiguous and not x.flags.c_contiguous) else "C"
+        host = np.asarray(x, order=order)
+        buf = _cupy().asarray(host.view(_raw(host.dtype)), order=order)
+        return DeviceArray(host.shape, buf.strides, host.dtype, buf.data.ptr, buf)
+
+
+DEVICE = DeviceMemory()
+
+
+class DeviceSession:
+    """Imports one call's arrays to the device and returns results in kind:
+    numpy in -> numpy out (copied back), device arrays in -> device out."""
+
+    memory = DEVICE
+
+    def __init__(self, *arrays):
+        self.host_inputs = False
+        self.torch_like = None
+        for x in arrays:
+            if x is None:
+                continue
+            if _is_torch(x):
+                self.torch_like = x
+            elif isinstance(x, np.ndarray):
+                self.host_inputs = True
+            elif not hasattr(x, "__cuda_array_interface__"):
+                raise ProblemError(f"the cuda target takes torch CUDA tensors, CUDA arrays or numpy "
+                                   f"arrays, got {type(x).__name__}")
+        if self.torch_like is not None:
+            import torch
+            self.stream = torch.cuda.current_stream(self.torch_like.device).cuda_stream
+        else:
+            self.stream = _cupy().cuda.get_current_stream().ptr
+        self.arrays = tuple(self.to_device(x) for x in arrays)
+
+    def to_device(self, x):
+        if x is None:
+            return None
+        if isinstance(x, np.ndarray):
+            return DEVICE.from_host(x)
+        return view(x)
+
+    def empty(self, shape, dtype):
+        """An output of the kind the caller passed (torch tensor if any input was)."""
+        if self.torch_like is not None:
+            import torch
+            t = torch.empty(shape, dtype=getattr(torch, {
+                "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32",
+                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[dtypes.get(dtype).token]),
+                device=self.torch_like.device)
+            return view(t)
+        return DEVICE.empty(shape, dtype)
+
+    def finish(self, result: DeviceArray, host_out=None):
+        """The user-facing result: `host_out` filled (numpy callers) or the device array."""
+        if host_out is not None:
+            _cupy().cuda.ExternalStream(self.stream).synchronize()
+            DEVICE.to_host(result, host_out)
+            return host_out
+        if self.host_inputs:
+            host = np.empty(result.shape, result.dtype)
+            _cupy().cuda.ExternalStream(self.stream).synchronize()
+            DEVICE.to_host(result, host)
+            return host
+        owner = result.owner
+        if _is_torch(owner) or result.dtype.kind in "fiu":
+            return owner if _is_torch(owner) else owner.view(result.dtype)
+        return owner
