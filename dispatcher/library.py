@@ -128,11 +128,14 @@ class Library:
         return self.check(self.require("dispatcher_run_grouped_gemm")(ctypes.byref(args)))
 
     def workspace_size(self, args) -> int:
-        if isinstance(args, GroupedArgs):
-            fn = "dispatcher_grouped_workspace_size"
-        else:
-            fn = "dispatcher_workspace_size"
-        return int(getattr(self._dll, fn)(ctypes.byref(args))) if fn in self.symbols else 0
+        """Scratch bytes the kernel needs for these arguments (0 if it exports no query)."""
+        fn = "dispatcher_grouped_workspace_size" if isinstance(args, GroupedArgs) else "dispatcher_workspace_size"
+        if fn not in self.symbols:
+            return 0
+        size = int(getattr(self._dll, fn)(ctypes.byref(args)))
+        if size < 0:
+            self.check(STATUS_ERROR)
+        return size
 
 
 def data_pointer(x) -> int:

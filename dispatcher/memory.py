@@ -32,6 +32,9 @@ class HostMemory:
     def writable(self, x) -> bool:
         return x.flags.writeable
 
+    def zero(self, x, nbytes: int, stream: int = 0):
+        x.reshape(-1).view(np.uint8)[:nbytes] = 0
+
 
 HOST = HostMemory()
 

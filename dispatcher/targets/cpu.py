@@ -102,7 +102,6 @@ class Toolchain:
 @attrs.frozen
 class CpuTarget:
     name: str = "cpu"
-    memory: str = "host"
     options: tuple = (
         Option("micro_m", 12, "rows of the register micro-tile", low=1, high=16),
         Option("micro_n", 32, "columns of the register micro-tile", choices=(16, 32, 48, 64)),
@@ -168,6 +167,11 @@ class CpuTarget:
 
     def owns(self, array) -> bool:
         return True
+
+    @property
+    def memory(self):
+        from ..memory import HOST
+        return HOST
 
     def session(self, *arrays):
         from ..memory import HostSession

@@ -209,6 +209,11 @@ class CudaTarget:
         from . import cuda_memory
         return cuda_memory.is_device_array(array)
 
+    @property
+    def memory(self):
+        from .cuda_memory import DEVICE
+        return DEVICE
+
     def session(self, *arrays):
         from .cuda_memory import DeviceSession
         if not self.available():

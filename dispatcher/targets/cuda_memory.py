@@ -119,6 +119,9 @@ class DeviceMemory:
     def writable(self, x) -> bool:
         return True
 
+    def zero(self, x, nbytes: int, stream: int = 0):
+        _cupy().cuda.runtime.memsetAsync(x.ptr, 0, nbytes, stream)
+
     def to_host(self, x: DeviceArray, host: np.ndarray):
         cp = _cupy()
         mem = cp.cuda.UnownedMemory(x.ptr, x.extent()[1] - x.ptr, x.owner)

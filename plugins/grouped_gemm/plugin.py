@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher import dtypes
+from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
 from dispatcher.library import GroupedCall, LaunchResult
 from dispatcher.records import VariantRecord
+from dispatcher.workspace import WORKSPACES
 
 VARIANT = "grouped"
 HERE = Path(__file__).parent
@@ -29,14 +30,22 @@ CPU_DEFAULTS = (
 )
 
 
+CUDA_DEFAULTS = (
+    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, schedule="cooperative"),
+)
+
+
 def default_configs(target, dtype, layout):
+    if target == "cuda":
+        return [dict(d, tile_k=128 // dtypes.get(dtype).itemsize) for d in CUDA_DEFAULTS]
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 
 RECORD = VariantRecord(
     name=VARIANT,
     problem_kind="grouped",
-    targets=("cpu",),
+    targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
     name_suffix=lambda opts: "_grouped",
@@ -61,6 +70,9 @@ def dispatcher_codegen(config, target):
 def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
-    call = GroupedCall(operands)
+    stream = options.get("stream", 0)
+    nbytes = library.workspace_size(GroupedCall(operands, stream=stream).args)
+    workspace = WORKSPACES.get(targets.get(library.config.target).memory, nbytes, stream)
+    call = GroupedCall(operands, workspace=workspace, workspace_bytes=nbytes, stream=stream)
     library.run_grouped(call.args)  # direct call: no registry table
     return LaunchResult(library.name)

@@ -7,30 +7,34 @@ size, allocates it (grown on demand, one per thread so concurrent launches
 never share one) and zeroes it before every launch.
 
 Variant block:
-  reduction      atomic (partials added into C; nondeterministic order) or
-                 linear (partials written to the workspace and summed by the
-                 tile's owner in a fixed order: bit-identical across runs)
+  reduction      atomic (partials combined in arrival order: nondeterministic;
+                 on the CPU added into C) or linear (partials summed in a fixed
+                 order: bit-identical across runs; CUTLASS's Deterministic)
   decomposition  hybrid (full waves data-parallel, the rest stream-K; the
-                 default), stream_k (every tile split), data_parallel
+                 default; CUTLASS's Heuristic), stream_k (every tile split),
+                 split_k (`splits` equal K slices; cuda), data_parallel
+  splits         the split count of split_k
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-
-import numpy as np
 
 from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
 from dispatcher.records import Option, VariantRecord
+from dispatcher.workspace import WORKSPACES
 
 VARIANT = "stream_k"
 HERE = Path(__file__).parent
 REDUCTIONS = ("atomic", "linear")
-DECOMPOSITIONS = ("hybrid", "stream_k", "data_parallel")
+DECOMPOSITIONS = ("hybrid", "stream_k", "split_k", "data_parallel")
+# The same vocabulary in CUTLASS's StreamKScheduler enums.
+CUTLASS_REDUCTION = {"atomic": "Nondeterministic", "linear": "Deterministic"}
+CUTLASS_DECOMPOSITION = {"hybrid": "Heuristic", "stream_k": "StreamK", "split_k": "SplitK",
+                         "data_parallel": "DataParallel"}
 
 # Stream-K pays off on few-tile, long-K problems, so its defaults are
 # smaller block tiles than the regular variant's.
@@ -40,18 +44,35 @@ CPU_DEFAULTS = (
 )
 
 
+CUDA_DEFAULTS = (
+    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative", reduction="linear"),
+    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="cooperative", reduction="linear"),
+)
+
+
 def name_suffix(opts: dict) -> str:
-    return f"_streamk_{opts['reduction']}_{opts['decomposition']}"
+    split = f"{opts['splits']}" if opts["decomposition"] == "split_k" else ""
+    return f"_streamk_{opts['reduction']}_{opts['decomposition']}{split}"
 
 
 def check(config):
-    if config.variant_params["reduction"] == "atomic" and config.dtype_c not in ("fp32", "int32"):
-        return (f"atomic reduction adds partials into C, which needs an fp32 or int32 output "
-                f"(got {config.dtype_c}); use reduction=linear")
+    opts = config.variant_params
+    if opts["splits"] > 1 and opts["decomposition"] != "split_k":
+        return "splits > 1 needs decomposition=split_k"
+    if config.target == "cpu":
+        if opts["reduction"] == "atomic" and config.dtype_c not in ("fp32", "int32"):
+            return (f"atomic reduction adds partials into C, which needs an fp32 or int32 output "
+                    f"(got {config.dtype_c}); use reduction=linear")
+        if opts["decomposition"] == "split_k":
+            return "split_k is a cuda decomposition; the CPU kernels split by K-iterations (stream_k)"
+    if config.target == "cuda" and config.target_params["schedule"] != "cooperative":
+        return "CUTLASS's StreamKScheduler runs with the cooperative schedule only"
     return None
 
 
 def default_configs(target, dtype, layout):
+    if target == "cuda":
+        return [dict(d, tile_k=128 // dtypes.get(dtype).itemsize) for d in CUDA_DEFAULTS]
     if target != "cpu":
         return []
     out_default = dtypes.output_for(dtype).token
@@ -62,12 +83,13 @@ def default_configs(target, dtype, layout):
 RECORD = VariantRecord(
     name=VARIANT,
     problem_kind="gemm",
-    targets=("cpu",),
+    targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
     options=(
         Option("reduction", "linear", "how partial tiles are combined", choices=REDUCTIONS),
         Option("decomposition", "hybrid", "which tiles are split", choices=DECOMPOSITIONS),
+        Option("splits", 1, "K slices of split_k", low=1, high=64),
     ),
     name_suffix=name_suffix,
     default_configs=default_configs,
@@ -88,35 +110,24 @@ def dispatcher_codegen(config, target):
     if config.variant != VARIANT:
         return None
     opts = config.variant_params
+    if target.name == "cuda":
+        return render(HERE, config, target, reduction=CUTLASS_REDUCTION[opts["reduction"]],
+                      decomposition=CUTLASS_DECOMPOSITION[opts["decomposition"]],
+                      splits=opts["splits"])
     return render(HERE, config, target,
                   reduction=f"Reduction::{opts['reduction']}",
                   decomposition=f"Decomposition::{opts['decomposition']}")
-
-
-class _Workspaces(threading.local):
-    """One grow-on-demand workspace per thread: never shared by concurrent launches."""
-
-    def __init__(self):
-        self.buffer = np.empty(0, np.uint8)
-
-    def get(self, nbytes: int) -> np.ndarray:
-        if self.buffer.nbytes < nbytes:
-            self.buffer = np.empty(nbytes, np.uint8)
-        return self.buffer
-
-
-_workspaces = _Workspaces()
 
 
 @hookimpl
 def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
-    workers = options.get("workers", 0)
-    nbytes = library.workspace_size(gemm_args(operands, workers=workers))
-    workspace = _workspaces.get(nbytes)
-    workspace[:nbytes] = 0
-    args = gemm_args(operands, workers=workers, workspace=workspace.ctypes.data if nbytes else 0,
-                     workspace_bytes=nbytes)
+    workers, stream = options.get("workers", 0), options.get("stream", 0)
+    nbytes = library.workspace_size(gemm_args(operands, workers=workers, stream=stream))
+    memory = targets.get(library.config.target).memory
+    workspace = WORKSPACES.get(memory, nbytes, stream)  # grown on demand, zeroed
+    args = gemm_args(operands, workers=workers, workspace=workspace, workspace_bytes=nbytes,
+                     stream=stream)
     library.run_gemm(args)  # direct call: no registry table
     return LaunchResult(library.name, workspace_bytes=nbytes)

@@ -94,6 +94,24 @@ void check_args(const dispatcher_gemm_args* a) {
         throw Failure(DISPATCHER_ERROR, "leading dimension smaller than the matrix");
 }
 
+// The Arguments of a single-problem GemmUniversal (C is read for beta and
+// written in place, so C and D are one buffer).
+template <class Gemm, class T>
+typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
+    using K = typename Gemm::GemmKernel;
+    auto* c = static_cast<typename T::ElementC*>(a->c);
+    typename Gemm::Arguments arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {int(a->m), int(a->n), int(a->k), 1},
+        {static_cast<const typename T::ElementA*>(a->a), stride_with_ld<typename K::StrideA>(a->lda),
+         static_cast<const typename T::ElementB*>(a->b), stride_with_ld<typename K::StrideB>(a->ldb)},
+        {{float(a->alpha), float(a->beta)},
+         c, stride_with_ld<typename K::StrideC>(a->ldc),
+         c, stride_with_ld<typename K::StrideD>(a->ldc)},
+        hardware(a->workers)};
+    return arguments;
+}
+
 // can_implement / initialize / run of a GemmUniversalAdapter; a problem the
 // kernel cannot run (alignment, sizes) is status -2, decided by CUTLASS's
 // own can_implement check.
@@ -127,6 +145,17 @@ int guarded(Body&& body) {
             return dispatcher_abi::fail(f.status, f.what());
         }
     });
+}
+
+// A size query that must not throw across the C ABI: -1 and the last error.
+template <class Body>
+int64_t size_or_error(Body&& body) {
+    try {
+        return body();
+    } catch (const std::exception& e) {
+        dispatcher_abi::last_error() = e.what();
+        return -1;
+    }
 }
 
 }  // namespace dcuda

@@ -8,24 +8,10 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, in
                                                         C::Mainloop, C::Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
-typename Gemm::Arguments make_arguments(const dispatcher_gemm_args* a) {
-    using namespace dcuda;
-    auto* c = static_cast<T::ElementC*>(a->c);
-    return typename Gemm::Arguments{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {int(a->m), int(a->n), int(a->k), 1},
-        {static_cast<const T::ElementA*>(a->a), stride_with_ld<typename Gemm::GemmKernel::StrideA>(a->lda),
-         static_cast<const T::ElementB*>(a->b), stride_with_ld<typename Gemm::GemmKernel::StrideB>(a->ldb)},
-        {{float(a->alpha), float(a->beta)},
-         c, stride_with_ld<typename Gemm::GemmKernel::StrideC>(a->ldc),
-         c, stride_with_ld<typename Gemm::GemmKernel::StrideD>(a->ldc)},
-        hardware(a->workers)};
-}
-
 int run(const dispatcher_gemm_args* a) {
     return dcuda::guarded([&] {
         dcuda::check_args<T>(a);
-        auto arguments = make_arguments(a);
+        auto arguments = dcuda::gemm_arguments<Gemm, T>(a);
         return dcuda::run_gemm<Gemm>(arguments, a->workspace, a->workspace_bytes,
                                      static_cast<cudaStream_t>(a->stream));
     });

@@ -1,0 +1,32 @@
+"""Scratch memory the variants own (stream-K partials, grouped staging).
+
+One buffer per thread, target memory and stream: grown on demand, reused
+across launches, never shared by launches that may run concurrently, and
+zeroed before every launch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class Workspaces(threading.local):
+    def __init__(self):
+        self.buffers = {}
+
+    def get(self, memory, nbytes: int, stream: int = 0) -> int:
+        """The address of `nbytes` zeroed bytes in `memory` (0 when nbytes is 0)."""
+        if nbytes <= 0:
+            return 0
+        key = (memory.name, stream)
+        buf = self.buffers.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = self.buffers[key] = memory.empty((nbytes,), np.uint8)
+        memory.zero(buf, nbytes, stream)
+        from .library import data_pointer
+        return data_pointer(buf)
+
+
+WORKSPACES = Workspaces()
