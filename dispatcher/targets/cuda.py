@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
+from importlib import metadata
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,12 +48,11 @@ _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer
 
 def cutlass_includes() -> list:
     """Include folders of the `nvidia-cutlass` package, or ToolchainError."""
-    try:
-        import cutlass_library
-    except ImportError:
+    spec = importlib.util.find_spec("cutlass_library")  # located, not imported
+    if spec is None or not spec.submodule_search_locations:
         raise ToolchainError("the cuda target needs CUTLASS headers: "
-                             "pip install 'gemm-dispatcher[cuda]' (the nvidia-cutlass package)") from None
-    source = Path(cutlass_library.__file__).resolve().parent / "source"
+                             "pip install 'gemm-dispatcher[cuda]' (the nvidia-cutlass package)")
+    source = Path(list(spec.submodule_search_locations)[0]).resolve() / "source"
     folders = [source / "include", source / "tools" / "util" / "include"]
     missing = [str(f) for f in folders if not f.is_dir()]
     if missing:
@@ -107,8 +108,10 @@ class Toolchain:
         headers = hashlib.sha256()
         for path in sorted((NATIVE_DIR).rglob("*.h*")):
             headers.update(path.read_bytes())
-        import cutlass_library
-        cutlass_version = getattr(cutlass_library, "__version__", "?")
+        try:
+            cutlass_version = metadata.version("nvidia-cutlass")
+        except metadata.PackageNotFoundError:
+            cutlass_version = "?"
         return (f"{version.strip().splitlines()[-1]} | sm_{self.arch} | cutlass {cutlass_version} "
                 f"| headers:{headers.hexdigest()[:16]}")
 

@@ -1,0 +1,262 @@
+"""CUDA target on the GPU: every figure a ratio to torch in the same run.
+
+    python benchmarks/cuda_gemm.py [--repeat 20] [--only regular,stream_k,grouped,overhead] [--out DIR]
+
+bf16 inputs, rcr (B given as the transpose of an (N, K) matrix, as in a
+linear layer). Times are CUDA events around each launch after warm-up,
+medians of --repeat runs, L2 flushed before each. Shapes: the GPU corpus of
+../shared/bench/shapes.json. Configs: the sweeps in benchmarks/cuda_sweeps.py
+(build them first: benchmarks/build_cuda.py --set bench).
+
+- regular: best config of the sweep / torch.matmul (cuBLAS), per shape, and geomean
+- stream_k: best stream-K config / best data-parallel config of the same sweep,
+  and / torch.matmul
+- grouped: best config / a loop of torch.matmul over the groups (and
+  torch._grouped_mm where this torch has it)
+- overhead: wall time per `dispatcher.gemm` call on 256^3 tensors vs torch.matmul's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cuda_sweeps  # noqa: E402
+import dispatcher  # noqa: E402
+from common import environment, geomean, load_shapes  # noqa: E402
+from dispatcher.api import Dispatcher  # noqa: E402
+from dispatcher.problem import prepare_gemm, prepare_grouped  # noqa: E402
+from dispatcher.targets import get as get_target  # noqa: E402
+from dispatcher.timing import TimingOptions, measure_cuda, median  # noqa: E402
+from dispatcher.verify import max_rel  # noqa: E402
+
+
+def torch_stream():
+    import cupy
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+
+def time_fn(fn, timing):
+    return median(measure_cuda(lambda i: fn(), timing, stream=torch_stream()))
+
+
+class Runner:
+    """Times configs on prepared device operands, without Python-side re-preparation."""
+
+    def __init__(self, timing):
+        self.d = Dispatcher()
+        self.timing = timing
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+    def gemm_operands(self, m, n, k, seed=0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a = (torch.rand(m, k, generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+        bt = (torch.rand(n, k, generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+        return a, bt.t()
+
+    def time_gemm(self, config, a, b, verify_ref=None):
+        session = get_target("cuda").session(a, b)
+        problem, ops, result = prepare_gemm(*session.arrays, variant=config.variant, target="cuda",
+                                            memory=session.memory, allocate=session.empty)
+        lib = self.d.library(config)
+        options = {"stream": self.stream}
+        launch = lambda: self.d.launch(lib, problem, ops, options)
+        try:
+            launch()
+        except dispatcher.UnsupportedProblem as e:
+            return None, str(e)
+        err = None
+        if verify_ref is not None:
+            torch.cuda.synchronize()
+            err = max_rel(session.finish(result).float().cpu().numpy(), verify_ref)
+        return time_fn(launch, self.timing), err
+
+
+def bench_regular(r, shapes):
+    rows = []
+    for m, n, k in shapes:
+        a, b = r.gemm_operands(m, n, k)
+        ref = (a.double() @ b.double()).cpu().numpy() if m * n * k <= 2048**3 else None
+        t_torch = time_fn(lambda: torch.matmul(a, b), r.timing)
+        results = {}
+        for c in cuda_sweeps.regular_sweep():
+            t, err = r.time_gemm(c, a, b, ref)
+            if t is not None:
+                results[c.name] = (t, err)
+        best = min(results, key=lambda n_: results[n_][0])
+        t = results[best][0]
+        rows.append({"M": m, "N": n, "K": k, "torch_ms": t_torch * 1e3, "best_ms": t * 1e3, "best": best,
+                     "ratio_vs_torch": t_torch / t, "max_rel": results[best][1],
+                     "all_ms": {k_: v[0] * 1e3 for k_, v in results.items()}})
+        print(f"regular {m}x{n}x{k}: {t_torch / t:.3f}x torch ({best})", flush=True)
+    return rows
+
+
+def bench_stream_k(r, shapes):
+    rows = []
+    for m, n, k in shapes:
+        a, b = r.gemm_operands(m, n, k)
+        ref = (a.double() @ b.double()).cpu().numpy()
+        t_torch = time_fn(lambda: torch.matmul(a, b), r.timing)
+        sk, dp = {}, {}
+        for c in cuda_sweeps.stream_k_sweep():
+            t, err = r.time_gemm(c, a, b, ref)
+            if t is None:
+                continue
+            (dp if c.variant_params["decomposition"] == "data_parallel" else sk)[c.name] = (t, err)
+        for c in cuda_sweeps.regular_sweep():  # the regular variant is data-parallel too
+            t, err = r.time_gemm(c, a, b, ref)
+            if t is not None:
+                dp[c.name] = (t, err)
+        best_sk = min(sk, key=lambda x: sk[x][0])
+        best_dp = min(dp, key=lambda x: dp[x][0])
+        rows.append({"M": m, "N": n, "K": k, "torch_ms": t_torch * 1e3,
+                     "stream_k_ms": sk[best_sk][0] * 1e3, "stream_k": best_sk, "max_rel": sk[best_sk][1],
+                     "data_parallel_ms": dp[best_dp][0] * 1e3, "data_parallel": best_dp,
+                     "ratio_vs_data_parallel": dp[best_dp][0] / sk[best_sk][0],
+                     "ratio_vs_torch": t_torch / sk[best_sk][0]})
+        print(f"stream_k {m}x{n}x{k}: {rows[-1]['ratio_vs_data_parallel']:.3f}x best DP, "
+              f"{rows[-1]['ratio_vs_torch']:.3f}x torch", flush=True)
+    return rows
+
+
+def bench_grouped(r, cases):
+    rows = []
+    for case in cases:
+        groups = case.get("groups") or [[m, case["n"], case["k"]] for m in case["m"]]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        As = [(torch.rand(m, k, generator=g, device="cuda") - 0.5).to(torch.bfloat16) for m, n, k in groups]
+        Bs = [(torch.rand(n, k, generator=g, device="cuda") - 0.5).to(torch.bfloat16).t() for m, n, k in groups]
+        flops = sum(2.0 * m * n * k for m, n, k in groups)
+        t_loop = time_fn(lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)], r.timing)
+        t_gmm = None
+        if hasattr(torch, "_grouped_mm") and len({(n, k) for _, n, k in groups}) == 1:
+            try:
+                a_cat = torch.cat(As)
+                b_stack = torch.stack([b for b in Bs])
+                offs = torch.tensor(np.cumsum([m for m, _, _ in groups]), device="cuda", dtype=torch.int32)
+                torch._grouped_mm(a_cat, b_stack, offs=offs)
+                t_gmm = time_fn(lambda: torch._grouped_mm(a_cat, b_stack, offs=offs), r.timing)
+            except Exception as e:  # not every torch build has it for these layouts
+                print(f"torch._grouped_mm unavailable: {e}", flush=True)
+        session = get_target("cuda").session(*As, *Bs)
+        problem, ops, results = prepare_grouped(session.arrays[:len(As)], session.arrays[len(As):],
+                                                target="cuda", memory=session.memory,
+                                                allocate=session.empty)
+        timed = {}
+        for c in cuda_sweeps.grouped_sweep():
+            lib = r.d.library(c)
+            launch = lambda: r.d.launch(lib, problem, ops, {"stream": r.stream})
+            launch()
+            torch.cuda.synchronize()
+            err = max(max_rel(session.finish(o).float().cpu().numpy(), (a.double() @ b.double()).cpu().numpy())
+                      for o, a, b in zip(results, As, Bs))
+            timed[c.name] = (time_fn(launch, r.timing), err)
+        best = min(timed, key=lambda x: timed[x][0])
+        t = timed[best][0]
+        row = {"case": case["name"], "groups": len(groups), "gflops": flops / t / 1e9, "best": best,
+               "ms": t * 1e3, "torch_loop_ms": t_loop * 1e3, "ratio_vs_torch_loop": t_loop / t,
+               "max_rel": timed[best][1]}
+        if t_gmm is not None:
+            row["torch_grouped_mm_ms"] = t_gmm * 1e3
+            row["ratio_vs_torch_grouped_mm"] = t_gmm / t
+        rows.append(row)
+        print(f"grouped {case['name']}: {row['ratio_vs_torch_loop']:.3f}x torch loop"
+              + (f", {row['ratio_vs_torch_grouped_mm']:.3f}x torch._grouped_mm" if t_gmm else ""), flush=True)
+    return rows
+
+
+def bench_overhead(calls=2000):
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    dispatcher.gemm(a, b, target="cuda")  # build/load/select outside the timing
+    out = {}
+    for name, fn in (("torch.matmul", lambda: torch.matmul(a, b)),
+                     ("dispatcher.gemm", lambda: dispatcher.gemm(a, b, target="cuda"))):
+        per_call = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            per_call.append((time.perf_counter() - start) / calls)
+        out[name + "_us"] = median(per_call) * 1e6
+    out["ratio_to_torch"] = out["dispatcher.gemm_us"] / out["torch.matmul_us"]
+    print(f"overhead: {out}", flush=True)
+    return out
+
+
+def plot(result, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, rows, label in (
+            (axes[0], "ratio_vs_torch", result.get("regular", []), "regular / torch.matmul"),
+            (axes[1], "ratio_vs_data_parallel", result.get("stream_k", []), "stream-K / best data-parallel"),
+            (axes[2], "ratio_vs_torch_loop", result.get("grouped", []), "grouped / torch.matmul loop")):
+        names = [r.get("case") or f"{r['M']}x{r['N']}x{r['K']}" for r in rows]
+        ax.bar(names, [r[key] for r in rows])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--only", default="regular,stream_k,grouped,overhead")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args()
+    timing = TimingOptions(warmup=5, repeat=args.repeat, flush_l2=True)
+    corpus = load_shapes()["gpu"]
+    r = Runner(timing)
+    parts = args.only.split(",")
+    result = {"environment": {**environment(), "device": torch.cuda.get_device_name(),
+                              "torch": torch.__version__, "cuda": torch.version.cuda,
+                              "driver": os.popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader").read().strip(),
+                              "nvcc": get_target("cuda").toolchain().identity},
+              "timing": {"warmup": 5, "repeat": args.repeat, "statistic": "median", "timer": "CUDA events",
+                         "l2_flush": True}}
+    if "regular" in parts:
+        result["regular"] = bench_regular(r, [tuple(s) for s in corpus["regular"]])
+    if "stream_k" in parts:
+        result["stream_k"] = bench_stream_k(r, [tuple(s) for s in corpus["stream_k"]])
+    if "grouped" in parts:
+        result["grouped"] = bench_grouped(r, corpus["grouped"])
+    if "overhead" in parts:
+        result["overhead_256"] = bench_overhead()
+    summary = {}
+    if result.get("regular"):
+        reg = result["regular"]
+        summary["regular_geomean_vs_torch"] = geomean(x["ratio_vs_torch"] for x in reg)
+        summary["regular_vs_torch_4096"] = next((x["ratio_vs_torch"] for x in reg if x["M"] == x["N"] == x["K"] == 4096), None)
+        summary["regular_vs_torch_8192"] = next((x["ratio_vs_torch"] for x in reg if x["M"] == x["N"] == x["K"] == 8192), None)
+    if result.get("stream_k"):
+        summary["stream_k_geomean_vs_best_data_parallel"] = geomean(x["ratio_vs_data_parallel"] for x in result["stream_k"])
+    if result.get("grouped"):
+        summary["grouped_vs_torch_loop"] = [x["ratio_vs_torch_loop"] for x in result["grouped"]]
+    result["summary"] = summary
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_gemm.json").write_text(json.dumps(result, indent=1, default=str))
+    plot(result, out / "cuda_gemm.png")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

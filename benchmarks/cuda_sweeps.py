@@ -1,0 +1,84 @@
+"""The CUDA configs the GPU tests and benchmarks run, in one place, so the
+kernels can be built ahead (benchmarks/build_cuda.py) and carried to the GPU."""
+
+from __future__ import annotations
+
+from dispatcher import KernelConfig
+
+BF16 = dict(target="cuda", dtype="bf16", layout="rcr", tile_k=64)
+
+# (tile_m, tile_n, cluster_m, cluster_n, schedule)
+REGULAR_TILES = [
+    (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (256, 128, 2, 1, "cooperative"),
+    (256, 128, 1, 2, "cooperative"), (128, 128, 1, 1, "cooperative"), (128, 128, 2, 1, "cooperative"),
+    (128, 192, 1, 1, "cooperative"), (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
+]
+STREAM_K = [  # tiles x (decomposition, reduction); data_parallel rows are the baseline of the same sweep
+    ((128, 256, 2, 1), "hybrid", "linear"), ((128, 256, 2, 1), "stream_k", "linear"),
+    ((128, 256, 2, 1), "data_parallel", "linear"), ((128, 128, 1, 1), "hybrid", "linear"),
+    ((128, 128, 1, 1), "stream_k", "linear"), ((128, 128, 1, 1), "stream_k", "atomic"),
+    ((128, 128, 1, 1), "data_parallel", "linear"), ((256, 128, 2, 1), "stream_k", "linear"),
+    ((128, 256, 1, 2), "stream_k", "atomic"),
+]
+GROUPED_TILES = [
+    (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (128, 128, 2, 1, "cooperative"),
+    (128, 128, 1, 1, "cooperative"), (256, 128, 2, 1, "cooperative"), (128, 256, 1, 1, "cooperative"),
+    (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
+]
+
+
+def regular_sweep():
+    return [KernelConfig.create(variant="regular", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
+                                schedule=s, **BF16) for m, n, cm, cn, s in REGULAR_TILES]
+
+
+def stream_k_sweep():
+    return [KernelConfig.create(variant="stream_k", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
+                                decomposition=dec, reduction=red, **BF16)
+            for (m, n, cm, cn), dec, red in STREAM_K]
+
+
+def grouped_sweep():
+    return [KernelConfig.create(variant="grouped", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
+                                schedule=s, **BF16) for m, n, cm, cn, s in GROUPED_TILES]
+
+
+def test_configs():
+    """What tests/test_cuda_gpu.py runs: explicit configs plus the variants'
+    defaults the selection may pick."""
+    from dispatcher.plugins import get_manager
+
+    tile = dict(target="cuda", tile_m=128, tile_n=128, cluster_m=1)
+    out = []
+    for dtype in ("bf16", "fp16"):
+        for layout in ("rcr", "rrr", "crr", "ccr"):
+            out.append(KernelConfig.create(dtype=dtype, layout=layout, tile_k=64, **tile))
+        out.append(KernelConfig.create(variant="grouped", dtype=dtype, layout="rcr", tile_k=64, **tile))
+    for dtype in ("fp8_e4m3", "fp8_e5m2"):
+        out.append(KernelConfig.create(dtype=dtype, layout="rcr", tile_k=128, **tile))
+    for dec, splits in (("hybrid", 1), ("stream_k", 1), ("split_k", 3), ("data_parallel", 1)):
+        for red in ("linear", "atomic"):
+            out.append(KernelConfig.create(variant="stream_k", dtype="bf16", layout="rcr", tile_k=64,
+                                           decomposition=dec, splits=splits, reduction=red, **tile))
+    for variant, dtype, layout in (("regular", "bf16", "rrr"), ("regular", "fp16", "rrr"),
+                                   ("stream_k", "bf16", "rrr"), ("regular", "bf16", "rcr")):
+        record = get_manager().variant(variant)
+        for fields in record.default_configs("cuda", dtype, layout):
+            out.append(KernelConfig.create(variant=variant, target="cuda", dtype=dtype, layout=layout,
+                                           **fields))
+    return out
+
+
+def smoke():
+    return [c for c in regular_sweep()[:1] + stream_k_sweep()[:2] + grouped_sweep()[:1]]
+
+
+def everything():
+    seen = {}
+    for c in test_configs() + regular_sweep() + stream_k_sweep() + grouped_sweep():
+        seen[c.name] = c
+    return list(seen.values())
+
+
+SETS = {"smoke": smoke, "tests": test_configs, "bench": lambda: regular_sweep() + stream_k_sweep() + grouped_sweep(),
+        "all": everything}

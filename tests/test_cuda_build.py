@@ -1,0 +1,66 @@
+"""CUDA templates compile (no GPU needed): one CUTLASS SM90 instance of each
+variant with nvcc, so a template break fails CI. Skipped without nvcc or the
+nvidia-cutlass headers; about a minute per instance on 2 cores."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import dispatcher
+from dispatcher.api import Dispatcher
+from dispatcher.errors import ToolchainError
+from dispatcher.library import Library
+from dispatcher.targets import cuda
+
+try:
+    cuda.Toolchain.find()
+    MISSING = None
+except ToolchainError as e:
+    MISSING = str(e)
+
+pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}")]
+
+CONFIGS = [
+    dict(variant="regular", dtype="bf16", layout="rcr"),
+    dict(variant="stream_k", dtype="bf16", layout="rrr", reduction="linear", decomposition="stream_k"),
+    dict(variant="grouped", dtype="fp16", layout="rcr"),
+]
+
+
+@pytest.fixture(scope="module")
+def built():
+    d = Dispatcher()
+    configs = [dispatcher.KernelConfig.create(target="cuda", tile_m=128, tile_n=128, tile_k=64,
+                                              cluster_m=1, **fields) for fields in CONFIGS]
+    with ThreadPoolExecutor(2) as pool:
+        return list(zip(configs, pool.map(lambda c: d.build(d.codegen(c)), configs)))
+
+
+def test_each_variant_compiles_and_exports_its_abi(built):
+    expected = {"regular": {"dispatcher_run_gemm", "dispatcher_registry"},
+                "stream_k": {"dispatcher_run_gemm", "dispatcher_workspace_size"},
+                "grouped": {"dispatcher_run_grouped_gemm", "dispatcher_grouped_workspace_size"}}
+    for config, lib in built:
+        symbols = _exported_symbols(lib.path)
+        assert expected[config.variant] <= symbols, (config.name, symbols)
+        assert {"dispatcher_abi_version", "dispatcher_kernel_name", "dispatcher_last_error"} <= symbols
+        assert lib.name == config.name
+
+
+def _exported_symbols(path):
+    import subprocess
+    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_invalid_cuda_configs_are_rejected_before_nvcc():
+    d = Dispatcher()
+    with pytest.raises(dispatcher.ConfigError, match="pingpong schedule takes tile_m"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=256, tile_n=128,
+                                                 tile_k=64, schedule="pingpong"))
+    with pytest.raises(dispatcher.ConfigError, match="fp8 tensor-core MMA needs K-major"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="fp8_e4m3", layout="rrr",
+                                                 tile_m=128, tile_n=128, tile_k=128))
+    with pytest.raises(dispatcher.ConfigError, match="cooperative schedule only"):
+        d.codegen(dispatcher.KernelConfig.create(variant="stream_k", target="cuda", dtype="bf16",
+                                                 tile_m=128, tile_n=128, tile_k=64, schedule="pingpong"))
