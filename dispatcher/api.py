@@ -18,15 +18,18 @@ from .errors import ConfigError, PluginError, ProblemError, UnsupportedProblem
 from .library import Library
 from .plugins import get_manager
 from .problem import prepare_gemm, prepare_grouped
+from .tuning import TuningDatabase
 
 
 class Dispatcher:
     """The four hook steps, one method each, plus `run` that chains them."""
 
-    def __init__(self, cache: BuildCache | None = None, tuning=None, manager=None):
+    def __init__(self, cache: BuildCache | None = None, tuning="default", manager=None):
+        """tuning: a TuningDatabase, None for none, or "default" for the one
+        in the build cache directory (what `gemm-dispatcher sweep` writes)."""
         self.manager = manager or get_manager()
         self.cache = cache or BuildCache()
-        self.tuning = tuning
+        self.tuning = TuningDatabase(self.cache.root / "tuning.sqlite") if tuning == "default" else tuning
         self._libraries: dict = {}
         self._selected: dict = {}
         self._lock = threading.Lock()

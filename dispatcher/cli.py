@@ -160,6 +160,38 @@ def cmd_demo(args):
     return 0 if ok else 1
 
 
+def cmd_sweep(args):
+    from .tile_engine import engine
+    options = engine.SweepOptions(
+        config=args.config, variant=args.variant, target=args.target, dtype=args.dtype,
+        layout=args.layout, out_dtype=args.out_dtype, problems=args.problems, workers=args.workers,
+        devices=args.devices, kernel_timeout=args.kernel_timeout, max_kernels=args.max_kernels,
+        verify=args.verify, out=args.out, resume=args.resume,
+        timing=TimingOptions(warmup=args.warmup, repeat=args.repeat), progress=not args.quiet)
+    summary = engine.run(options)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        from .tile_engine import report, results
+        print(report.table(results.read(args.out)))
+        print(f"{summary['built']} kernel(s) built ({summary['build_failed']} failed, "
+              f"{summary['filtered']} filtered), {summary['measured']} measured "
+              f"({summary['failed_rows']} failed); results in {summary['csv']}; winners in the tuning database")
+    return 0
+
+
+def cmd_report(args):
+    from .tile_engine import report, results
+    rows = results.read(args.results)
+    if not rows:
+        raise DispatcherError(f"no results in {args.results}")
+    print(report.table(rows))
+    if args.plot:
+        report.plot(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gemm-dispatcher", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -190,6 +222,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--prune", action="store_true", help="remove corrupt entries and stale temp files")
     s.set_defaults(fn=cmd_kernels)
+
+    s = sub.add_parser("sweep", help="tile engine: expand a sweep config, build, benchmark, tune")
+    s.add_argument("config", help="sweep config JSON ({axis: {values: [...]} | {min, max, step}})")
+    s.add_argument("--variant", default="regular")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS)
+    s.add_argument("--out-dtype")
+    s.add_argument("--layout", default="rcr")
+    s.add_argument("--problems", help="problem file (default: a built-in set)")
+    s.add_argument("--workers", type=int, default=0, help="build processes (default: CPUs)")
+    s.add_argument("--devices", help="benchmark workers: ids 0,1 (or a count); on the CPU each gets a CPU share")
+    s.add_argument("--kernel-timeout", type=float, default=60.0, help="seconds per measurement")
+    s.add_argument("--max-kernels", type=int, default=0)
+    s.add_argument("--warmup", type=int, default=3)
+    s.add_argument("--repeat", type=int, default=10)
+    s.add_argument("--verify", action="store_true")
+    s.add_argument("--out", default="sweep_results")
+    s.add_argument("--resume", action="store_true", help="skip measurements already in --out")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("report", help="winners per problem and a throughput plot of sweep results")
+    s.add_argument("results", help="a sweep --out folder or its results.csv")
+    s.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("demo", help="run every variant on the CPU, verified")
     s.set_defaults(fn=cmd_demo)

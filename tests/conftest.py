@@ -22,3 +22,18 @@ def session_cache(tmp_path_factory):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def make_importable(site, package_dir, dist_name, entry_name, module):
+    """Copy a plugin package into `site` with a dist-info declaring its entry
+    point, as `pip install` would; returns the environment that finds it."""
+    import shutil
+    from pathlib import Path
+
+    site = Path(site)
+    shutil.copytree(package_dir, site / Path(package_dir).name, dirs_exist_ok=True)
+    info = site / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[dispatcher.plugins]\n{entry_name} = {module}\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}

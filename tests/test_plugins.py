@@ -3,7 +3,6 @@
 import inspect
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,8 @@ from dispatcher import hookspecs
 from dispatcher.errors import PluginError
 from dispatcher.plugins import PluginManager
 from dispatcher.records import VariantRecord
+
+from conftest import make_importable
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
@@ -96,6 +97,7 @@ def _cli(*args, env=None):
                           text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 
+
 def test_trace_plugins_prints_hook_calls():
     proc = _cli("run", "--m", "16", "--n", "16", "--k", "16", "--repeat", "1",
                 env={"DISPATCHER_TRACE_PLUGINS": "1"})
@@ -108,14 +110,8 @@ def test_trace_plugins_prints_hook_calls():
 def test_out_of_tree_plugin_is_discovered_and_runs(tmp_path):
     """A third-party package, made importable with an entry point and no
     change to the core, adds variant `naive` that the CLI lists and the API runs."""
-    site = tmp_path / "site"
-    shutil.copytree(ROOT / "examples" / "naive_gemm_plugin" / "naive_gemm", site / "naive_gemm")
-    info = site / "naive_gemm_plugin-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: naive-gemm-plugin\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[dispatcher.plugins]\nnaive_gemm = naive_gemm.plugin\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-
+    env = make_importable(tmp_path / "site", ROOT / "examples" / "naive_gemm_plugin" / "naive_gemm",
+                          "naive-gemm-plugin", "naive_gemm", "naive_gemm.plugin")
     listed = json.loads(_cli("plugins", "--json", env=env).stdout)
     naive = {p["name"]: p for p in listed}["naive_gemm"]
     assert naive["status"] == "loaded" and naive["variants"] == ["naive"]
@@ -131,6 +127,6 @@ def test_out_of_tree_plugin_is_discovered_and_runs(tmp_path):
         print(max_rel(out, reference(a, b)))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600)
+                          env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) <= 2 ** -7 * 4

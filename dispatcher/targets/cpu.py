@@ -158,6 +158,11 @@ class CpuTarget:
         ]
         return "\n".join(lines)
 
+    def arch_id(self) -> str:
+        """What a tuning result is valid for: this machine's ISA."""
+        isa = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:12]
+        return f"{platform.machine()}-{vector_bytes() * 8}bit-{isa}"
+
     def parallelism(self, config) -> int:
         """Workers a kernel of `config` runs on here."""
         return config.target_params["threads"] or cpu_count()

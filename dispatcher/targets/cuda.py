@@ -193,6 +193,9 @@ class CudaTarget:
             "",
         ])
 
+    def arch_id(self) -> str:
+        return f"sm_{detect_arch()}"
+
     def parallelism(self, config) -> int:
         """Multiprocessors of the GPU (132 on an H200 when none is visible)."""
         try:

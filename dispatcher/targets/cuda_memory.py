@@ -119,6 +119,11 @@ class DeviceMemory:
     def writable(self, x) -> bool:
         return True
 
+    def poison(self, x, stream: int = 0):
+        """All bits set: NaN for floats, -1 for integers."""
+        start, end = x.extent()
+        _cupy().cuda.runtime.memsetAsync(start, 0xFF, end - start, stream)
+
     def zero(self, x, nbytes: int, stream: int = 0):
         _cupy().cuda.runtime.memsetAsync(x.ptr, 0, nbytes, stream)
 

@@ -1,0 +1,121 @@
+"""`gemm-dispatcher sweep`: expand -> build -> benchmark -> results -> tuning database."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+
+import attrs
+
+from .. import dtypes
+from ..config import KernelConfig
+from ..errors import DispatcherError
+from ..plugins import get_manager
+from ..problem import GemmProblem, GroupedGemmProblem
+from ..timing import TimingOptions
+from ..tuning import TuningDatabase
+from . import builder, problems as problem_files, results, runner, sweep
+
+DEFAULT_PROBLEMS = {
+    "gemm": [(512, 512, 512), (1024, 1024, 1024), (1000, 1500, 700)],
+    "grouped": [tuple((m, 512, 512) for m in (1, 64, 200, 512, 37, 300, 128, 450))],
+}
+
+
+@attrs.frozen
+class SweepOptions:
+    config: object
+    variant: str
+    target: str = "cpu"
+    dtype: str = "fp32"
+    layout: str = "rcr"
+    out_dtype: str | None = None
+    problems: object = None
+    workers: int = 0
+    devices: str | None = None
+    kernel_timeout: float = 60.0
+    max_kernels: int = 0
+    verify: bool = False
+    out: str = "sweep_results"
+    resume: bool = False
+    timing: TimingOptions = TimingOptions()
+    tuning: object = "default"
+    progress: bool = True
+
+
+def say(*parts):
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def run(o: SweepOptions) -> dict:
+    kind = get_manager().variant(o.variant).problem_kind
+    plan = sweep.expand(o.config, variant=o.variant, target=o.target, dtype=o.dtype, layout=o.layout,
+                        out_dtype=o.out_dtype, max_kernels=o.max_kernels)
+    probs = problem_files.load(o.problems, kind) if o.problems else DEFAULT_PROBLEMS[kind]
+    say(f"sweep: {len(plan.configs)} kernel(s) x {len(probs)} problem(s); "
+        f"{len(plan.filtered)} combination(s) filtered")
+    for reason, count in plan.reasons().most_common():
+        say(f"  filtered {count}: {reason}")
+
+    built, build_failures = builder.build_all(plan.configs, o.workers, o.progress)
+    for name, error in build_failures:
+        say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
+    configs = [c for c in plan.configs if c.name in set(built)]
+    if not configs:
+        raise DispatcherError("no kernel of the sweep was built")
+
+    writer = results.ResultWriter(o.out, kind, o.target)
+    done = results.done_keys(o.out) if o.resume else set()
+    writer_rows_before = len(done)
+    todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
+    header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
+              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
+              "timing": attrs.asdict(o.timing)}
+    try:
+        rows = runner.benchmark(configs, header, runner.parse_devices(o.devices, o.target),
+                                o.kernel_timeout, writer, todo, o.progress)
+    finally:
+        writer.close()
+    if writer_rows_before:
+        say(f"resume: skipped {writer_rows_before} measurement(s) already in {writer.csv_path}")
+
+    winners = record_winners(results.read(o.out), configs, probs, o, kind)
+    failed = [r for r in rows if r["status"] != "ok"]
+    summary = {"kernels": len(plan.configs), "filtered": len(plan.filtered), "built": len(configs),
+               "build_failed": len(build_failures), "measured": len(rows), "failed_rows": len(failed),
+               "winners": winners, "csv": str(writer.csv_path)}
+    for r in failed:
+        say(f"  {r['status']}: {r['kernel']} problem {r['problem_idx']}: {r.get('reason', '')}")
+    return summary
+
+
+def problem_record(shape, o: SweepOptions, kind: str):
+    out = dtypes.output_for(o.dtype, o.out_dtype).token
+    if kind == "grouped":
+        return GroupedGemmProblem(tuple(shape), o.dtype, out, o.layout, o.variant, o.target)
+    return GemmProblem(*shape, o.dtype, out, o.layout, o.variant, o.target)
+
+
+def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
+    """The fastest ok (and, with --verify, verified) row per problem, into the tuning database."""
+    by_name = {c.name: c for c in configs}
+    best = defaultdict(lambda: None)
+    for r in rows:
+        if r["status"] != "ok" or r["kernel"] not in by_name:
+            continue
+        if o.verify and r.get("verified") not in ("True", True):
+            continue
+        idx = int(r["problem_idx"])
+        if best[idx] is None or float(r["latency_ms"]) < float(best[idx]["latency_ms"]):
+            best[idx] = r
+    tuning = TuningDatabase.default() if o.tuning == "default" else o.tuning
+    winners = {}
+    for idx, r in sorted(best.items()):
+        if r is None:
+            continue
+        problem = problem_record(probs[idx], o, kind)
+        if tuning is not None:
+            tuning.record(problem, by_name[r["kernel"]], float(r["latency_ms"]), source=str(o.out))
+        winners[idx] = {"kernel": r["kernel"], "latency_ms": float(r["latency_ms"]),
+                        "tflops": float(r["tflops"])}
+    return winners

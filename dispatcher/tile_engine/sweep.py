@@ -1,0 +1,115 @@
+"""Sweep configs: axes -> KernelConfigs.
+
+A sweep config maps axes to `{"values": [...]}` or `{"min": a, "max": b,
+"step": s}` (range(a, b + 1, s), step 1 when absent), as CK's Tile Engine
+does. Axes are the block tile (`tile_m`, `tile_n`, `tile_k`) and the keys of
+the target's and the variant's config blocks; they may be grouped under
+`*_config` objects (`tile_config`, `target_config`, `variant_config`). An
+unknown axis or an invalid value is an error that names it; a combination
+the target or variant cannot build is filtered and counted with its reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import attrs
+
+from .. import targets
+from ..config import KernelConfig
+from ..errors import ConfigError
+from ..plugins import get_manager
+from ..records import Option
+
+TILE_AXES = ("tile_m", "tile_n", "tile_k")
+_SPEC_KEYS = {"values", "min", "max", "step"}
+
+
+@attrs.frozen
+class SweepPlan:
+    configs: tuple          # buildable KernelConfigs, deduplicated by name
+    filtered: tuple         # ((axis values dict, reason), ...)
+
+    def reasons(self) -> Counter:
+        return Counter(reason for _, reason in self.filtered)
+
+
+def load(path_or_dict) -> dict:
+    if isinstance(path_or_dict, dict):
+        return path_or_dict
+    try:
+        return json.loads(Path(path_or_dict).read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"sweep config {path_or_dict} is not valid JSON: {e}") from None
+
+
+def flatten(raw: dict) -> dict:
+    """Axis name -> spec, with `*_config` groups merged."""
+    axes = {}
+    for key, value in raw.items():
+        if key.endswith("_config") and isinstance(value, dict) and not (_SPEC_KEYS & set(value)):
+            for axis, spec in value.items():
+                if axis in axes:
+                    raise ConfigError(f"sweep axis {axis!r} is given twice")
+                axes[axis] = spec
+        else:
+            axes[key] = value
+    return axes
+
+
+def axis_values(axis: str, spec) -> list:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"sweep axis {axis!r} must be {{\"values\": [...]}} or "
+                          f"{{\"min\", \"max\", \"step\"}}, got {spec!r}")
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise ConfigError(f"sweep axis {axis!r} has unknown key(s) {sorted(unknown)}; "
+                          "use values, or min/max/step")
+    if "values" in spec:
+        if set(spec) != {"values"} or not isinstance(spec["values"], list) or not spec["values"]:
+            raise ConfigError(f"sweep axis {axis!r}: 'values' must be a non-empty list, alone")
+        return list(spec["values"])
+    if not {"min", "max"} <= set(spec):
+        raise ConfigError(f"sweep axis {axis!r} needs both min and max")
+    lo, hi, step = spec["min"], spec["max"], spec.get("step", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, step)) or step < 1:
+        raise ConfigError(f"sweep axis {axis!r}: min, max and step must be integers, step >= 1")
+    values = list(range(lo, hi + 1, step))
+    if not values:
+        raise ConfigError(f"sweep axis {axis!r}: min {lo} > max {hi}")
+    return values
+
+
+def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype=None,
+           max_kernels: int = 0) -> SweepPlan:
+    axes = flatten(load(raw))
+    record = get_manager().variant(variant)
+    schema = {o.name: o for o in (*targets.get(target).options, *record.options)}
+    schema.update({name: Option(name, None, low=1, high=1 << 16) for name in TILE_AXES})
+    unknown = sorted(set(axes) - set(schema))
+    if unknown:
+        raise ConfigError(f"unknown sweep axis/axes {', '.join(map(repr, unknown))} for variant "
+                          f"{variant!r} on target {target!r}; known: {', '.join(sorted(schema))}")
+    values = {}
+    for axis, spec in axes.items():
+        values[axis] = [schema[axis].check(v, f"sweep axis {axis!r}") for v in axis_values(axis, spec)]
+    base = dict(variant=variant, target=target, dtype=dtype, layout=layout)
+    if out_dtype:
+        base["dtype_c"] = out_dtype
+    configs, filtered = {}, []
+    names = list(values)
+    for combo in itertools.product(*(values[n] for n in names)):
+        point = dict(zip(names, combo))
+        config = KernelConfig.create(**base, **point)
+        reasons = config.problems()
+        if reasons:
+            filtered.append((point, "; ".join(reasons)))
+        else:
+            configs.setdefault(config.name, config)
+    chosen = list(configs.values())
+    if max_kernels:
+        chosen = chosen[:max_kernels]
+    return SweepPlan(tuple(chosen), tuple(filtered))

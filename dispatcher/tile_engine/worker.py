@@ -1,0 +1,135 @@
+"""A disposable benchmark worker: `python -m dispatcher.tile_engine.worker`.
+
+Reads a header line (target, variant, dtypes, layout, problems, timing,
+verify) on stdin, then one kernel config per line. For each kernel it loads
+the already-built library (never builds), and for each problem runs it on
+poisoned outputs, verifies against a float64 reference if asked, times it,
+and prints one JSON line; then `{"done": name}`. A kernel that crashes or
+hangs takes only this process down: the parent marks its row failed and
+starts another worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def _log(record):
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+class Bench:
+    def __init__(self, header):
+        from .. import targets
+        from ..api import Dispatcher
+        from ..plugins import get_manager
+        from ..timing import TimingOptions
+        self.h = header
+        self.target = targets.get(header["target"])
+        self.kind = get_manager().variant(header["variant"]).problem_kind
+        self.timing = TimingOptions(**header["timing"])
+        self.d = Dispatcher(tuning=None)
+        self.device = header.get("device", "")
+        self.prepared = {}
+
+    def library(self, config):
+        """The cached library of `config`, or an error: workers never build."""
+        from ..library import Library
+        source = self.d.codegen(config)
+        built = self.d.cache.lookup(self.d.cache.key(source, self.target.toolchain()))
+        if built is None:
+            raise RuntimeError("not built (run the build phase first)")
+        return Library(built.path, expected_name=config.name, config=config)
+
+    def operands(self, idx):
+        """Inputs of problem idx, made once: (problem, operands, outputs, refs, session)."""
+        if idx in self.prepared:
+            return self.prepared[idx]
+        from ..problem import prepare_gemm, prepare_grouped
+        from ..verify import random_matrix
+        rng = np.random.default_rng(1000 + idx)
+        h, lay = self.h, self.h["layout"]
+        shapes = h["problems"][idx] if self.kind == "grouped" else [h["problems"][idx]]
+        As = [random_matrix(m, k, h["dtype"], lay[0], rng) for m, n, k in shapes]
+        Bs = [random_matrix(k, n, h["dtype"], lay[1], rng) for m, n, k in shapes]
+        session = self.target.session(*As, *Bs)
+        dev_a, dev_b = session.arrays[:len(As)], session.arrays[len(As):]
+        kw = dict(out_dtype=h.get("out_dtype"), variant=h["variant"], target=h["target"],
+                  memory=session.memory, allocate=session.empty)
+        if self.kind == "grouped":
+            problem, ops, outs = prepare_grouped(dev_a, dev_b, **kw)
+        else:
+            problem, ops, out = prepare_gemm(dev_a[0], dev_b[0], **kw)
+            outs = [out]
+        self.prepared[idx] = (problem, ops, outs, (As, Bs), session)
+        return self.prepared[idx]
+
+    def measure(self, config, library, idx):
+        from ..errors import UnsupportedProblem
+        from ..timing import measure, measure_cuda, median
+        from ..verify import max_rel, reference, tolerance
+        problem, ops, outs, (As, Bs), session = self.operands(idx)
+        options = {"stream": session.stream}
+        row = {"kernel": config.name, "problem_idx": idx, "device": self.device}
+        if self.kind == "grouped":
+            row.update(group_count=len(problem.groups), total_flops=problem.flops)
+        else:
+            row.update(M=problem.m, N=problem.n, K=problem.k)
+        for o in outs:  # unwritten elements stay NaN (or INT_MIN) and fail verification
+            session.memory.poison(o, session.stream)
+        try:
+            self.d.launch(library, problem, ops, options)
+        except UnsupportedProblem as e:
+            return {**row, "status": "unsupported", "reason": str(e)}
+        host = [session.finish(o) for o in outs]
+        row["non_zero"] = int(sum(np.count_nonzero(np.nan_to_num(np.asarray(o, np.float64))) for o in host))
+        if self.h.get("verify"):
+            err = max(max_rel(o, reference(a, b)) for o, a, b in zip(host, As, Bs))
+            tol = tolerance(config, max((s[2] for s in problem.shapes), default=1))
+            row.update(max_rel=err, verified=err <= tol)
+            if err > tol:
+                return {**row, "status": "failed", "reason": f"wrong result: max_rel {err:.3g} > tolerance {tol:.3g}"}
+        timer = measure if self.target.name == "cpu" else measure_cuda
+        seconds = median(timer(lambda i: self.d.launch(library, problem, ops, options), self.timing))
+        return {**row, "status": "ok", "reason": "", "latency_ms": seconds * 1e3,
+                "tflops": problem.flops / seconds / 1e12}
+
+
+def main():
+    _pin_cpus()
+    from ..config import KernelConfig
+    bench = Bench(json.loads(sys.stdin.readline()))
+    _log({"ready": True})
+    for line in sys.stdin:
+        config = KernelConfig.from_dict(json.loads(line))
+        try:
+            library = bench.library(config)
+        except Exception as e:
+            for idx in range(len(bench.h["problems"])):
+                _log({"kernel": config.name, "problem_idx": idx, "status": "failed",
+                      "reason": f"load: {type(e).__name__}: {e}"})
+            _log({"done": config.name})
+            continue
+        for idx in bench.h["todo"].get(config.name, range(len(bench.h["problems"]))):
+            try:
+                _log(bench.measure(config, library, idx))
+            except Exception as e:
+                _log({"kernel": config.name, "problem_idx": idx, "status": "failed",
+                      "reason": f"{type(e).__name__}: {e}"})
+        _log({"done": config.name})
+
+
+def _pin_cpus():
+    """DISPATCHER_WORKER_CPUS=0,1: pin this worker (and its OpenMP threads) to those CPUs."""
+    cpus = os.environ.get("DISPATCHER_WORKER_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
+if __name__ == "__main__":
+    main()

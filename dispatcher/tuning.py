@@ -1,0 +1,113 @@
+"""The tuning database: the measured winner per problem, read by selection.
+
+One SQLite file (default `<build cache>/tuning.sqlite`), one row per
+(variant, target, arch, dtype, out dtype, layout, problem) holding the
+fastest kernel's config and time. Writers from several processes are safe:
+WAL journal, a busy timeout, and an upsert that keeps the faster entry.
+`lookup` answers exactly tuned problems, else the nearest tuned problem of
+the same kind (log-distance of the sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from pathlib import Path
+
+from . import targets
+from .config import KernelConfig
+from .errors import DispatcherError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS winners (
+    variant TEXT, target TEXT, arch TEXT, dtype TEXT, out_dtype TEXT, layout TEXT,
+    problem TEXT, size_a REAL, size_b REAL, size_c REAL,
+    kernel TEXT, config TEXT, latency_ms REAL, source TEXT, updated TEXT,
+    PRIMARY KEY (variant, target, arch, dtype, out_dtype, layout, problem))
+"""
+
+
+def problem_key(problem) -> tuple:
+    """(text key, three sizes for the nearest-problem distance)."""
+    if hasattr(problem, "groups"):
+        flops = max(problem.flops, 1.0)
+        g = len(problem.groups)
+        return ("groups:" + ",".join("x".join(map(str, s)) for s in problem.groups),
+                (float(g), flops, max((s[2] for s in problem.groups), default=1)))
+    return f"{problem.m}x{problem.n}x{problem.k}", (float(problem.m), float(problem.n), float(problem.k))
+
+
+class TuningDatabase:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    @classmethod
+    def default(cls) -> "TuningDatabase":
+        from .build import default_cache_dir
+        return cls(default_cache_dir() / "tuning.sqlite")
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(self.path, timeout=60)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute(_SCHEMA)
+        return con
+
+    def _scope(self, problem, config_target=None) -> tuple:
+        target = config_target or problem.target
+        return (problem.variant, target, targets.get(target).arch_id(), problem.dtype,
+                problem.out_dtype, problem.layout)
+
+    def record(self, problem, config: KernelConfig, latency_ms: float, source: str = "") -> bool:
+        """Keep `config` as the winner for `problem` if it is faster than the
+        stored one. True if it was stored."""
+        key, (a, b, c) = problem_key(problem)
+        row = (*self._scope(problem, config.target), key, a, b, c, config.name,
+               json.dumps(config.to_dict()), float(latency_ms), source, time.strftime("%Y-%m-%dT%H:%M:%S"))
+        with self._connect() as con:
+            cur = con.execute(
+                "INSERT INTO winners VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(variant, target, arch, dtype, out_dtype, layout, problem) DO UPDATE SET "
+                "kernel=excluded.kernel, config=excluded.config, latency_ms=excluded.latency_ms, "
+                "source=excluded.source, updated=excluded.updated "
+                "WHERE excluded.latency_ms < winners.latency_ms", row)
+            return cur.rowcount > 0
+
+    def lookup(self, problem, candidates=()):
+        """The tuned config for `problem` (exact, else nearest), or None."""
+        if not self.path.exists():
+            return None
+        key, sizes = problem_key(problem)
+        try:
+            with self._connect() as con:
+                rows = con.execute(
+                    "SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? AND "
+                    "target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
+                    self._scope(problem)).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
+        if not rows:
+            return None
+
+        def distance(row):
+            if row[0] == key:
+                return -1.0
+            return sum(abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes))
+
+        for row in sorted(rows, key=lambda r: (distance(r), r[0])):
+            try:
+                config = KernelConfig.from_dict(json.loads(row[4]))
+            except DispatcherError:
+                continue  # a stale entry (plugin or schema changed): not usable
+            if not config.problems():
+                return config
+        return None
+
+    def entries(self) -> list:
+        if not self.path.exists():
+            return []
+        with self._connect() as con:
+            con.row_factory = sqlite3.Row
+            return [dict(r) for r in con.execute("SELECT * FROM winners ORDER BY variant, problem")]

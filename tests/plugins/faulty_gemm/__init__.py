@@ -1,0 +1,1 @@
+"""A test-only variant whose kernels misbehave on purpose (tile engine isolation tests)."""
