@@ -192,6 +192,43 @@ def cmd_report(args):
     return 0
 
 
+def cmd_migrate(args):
+    from .legacy import configs, names
+    if args.names:
+        ok = True
+        for line in open(args.names):
+            name = line.split("|")[0].strip()
+            if not name or name.startswith("#"):
+                continue
+            try:
+                kernel = names.parse(name)
+                ours = names.to_config(kernel, args.target).name
+                print(f"{name}\t{kernel.bridge_name}\t{ours}")
+            except DispatcherError as e:
+                ok = False
+                print(f"{name}\tUNMAPPED\t{e}")
+        return 0 if ok else 1
+    if not args.legacy:
+        raise SystemExit("migrate needs a legacy config or --names FILE")
+    m = configs.migrate(args.legacy, target=args.target, variant=args.variant, dtype=args.dtype,
+                        layout=args.layout)
+    print(m.report(), file=sys.stderr)
+    text = json.dumps(m.sweep, indent=1)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {args.output}: gemm-dispatcher sweep {args.output} --variant {m.variant} "
+              f"--target {args.target}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_legacy_streamk(args):
+    from .legacy import driver
+    return driver.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gemm-dispatcher", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -248,6 +285,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("results", help="a sweep --out folder or its results.csv")
     s.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("migrate", help="CK legacy Tile Engine configs and kernel names -> gemm-dispatcher")
+    s.add_argument("legacy", nargs="?", help="legacy TE / bridge / codegen config JSON")
+    s.add_argument("-o", "--output", help="write the sweep config here (default: stdout)")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("--variant", help="regular, stream_k or grouped (default: from the config)")
+    s.add_argument("--dtype", default="fp16", help="for the old tile_configs[dtype][layout] form")
+    s.add_argument("--layout", default="rcr")
+    s.add_argument("--names", help="a file of CK kernel names (list files: name|tile|trait) to map")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("legacy-streamk-benchmark", add_help=False,
+                       help="drop-in for CK's gemm_streamk_benchmark.py (deprecated)")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_legacy_streamk)
 
     s = sub.add_parser("demo", help="run every variant on the CPU, verified")
     s.set_defaults(fn=cmd_demo)

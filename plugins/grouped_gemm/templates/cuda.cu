@@ -22,8 +22,11 @@ using StrideD = typename GemmKernel::InternalStrideD;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
 constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Byte offsets of the staged arrays for g groups, and their total.
+// Byte offsets of the staged arrays for g groups, and their total, rounded
+// up so that CUTLASS's own workspace after them (which holds TMA
+// descriptors) stays 256-byte aligned.
 struct Staging {
     size_t shapes, a, b, c, sa, sb, sc, sd, bytes;
     explicit Staging(size_t g) {
@@ -37,7 +40,7 @@ struct Staging {
         sb = take(g * sizeof(StrideB));
         sc = take(g * sizeof(StrideC));
         sd = take(g * sizeof(StrideD));
-        bytes = align16(at);
+        bytes = align256(at);
     }
 };
 
