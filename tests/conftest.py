@@ -9,7 +9,9 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cache")
+    """A fresh build cache per run, or $DISPATCHER_TEST_CACHE_DIR (e.g. kernels
+    built ahead for a GPU machine by benchmarks/build_cuda.py)."""
+    root = os.environ.get("DISPATCHER_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache")
     old = os.environ.get("DISPATCHER_CACHE_DIR")
     os.environ["DISPATCHER_CACHE_DIR"] = str(root)
     yield root
