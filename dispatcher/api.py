@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import attrs
+import numpy as np
 
 from . import targets
 from .build import BuildCache
@@ -155,7 +156,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     problem, operands, result = prepare_gemm(a_, b_, c=c_, out=out_, alpha=alpha, beta=beta,
                                              out_dtype=out_dtype, variant=variant, target=target,
                                              memory=session.memory, allocate=session.empty)
-    host_out = out if out is not None and out_ is not out else None
+    host_out = out if isinstance(out, np.ndarray) and out_ is not out else None  # numpy out, device run
     if problem.m == 0 or problem.n == 0:
         return session.finish(result, host_out)
     if problem.k == 0:

@@ -81,7 +81,7 @@ class BuildCache:
     def key(self, source: GeneratedSource, toolchain) -> str:
         blob = json.dumps({
             "files": list(source.files),
-            "flags": sorted(list(toolchain.flags) + list(source.flags)),
+            "flags": sorted(list(toolchain.cache_flags) + list(source.flags)),
             "compiler": toolchain.identity,
             "package": _package_version(),
         }, sort_keys=True)

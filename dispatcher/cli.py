@@ -310,6 +310,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:  # e.g. `gemm-dispatcher kernels | head`
+        return 0
     except DispatcherError as e:
         print(f"gemm-dispatcher: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

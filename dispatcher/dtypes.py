@@ -56,10 +56,16 @@ _ALIASES = {
 }
 
 
+_BY_NUMPY = {d.numpy: d for d in TABLE.values()}
+
+
 def get(spec) -> DType:
     """A DType from a token, an alias, or a numpy dtype."""
     if isinstance(spec, DType):
         return spec
+    found = _BY_NUMPY.get(spec) if isinstance(spec, np.dtype) else TABLE.get(spec)
+    if found is not None:
+        return found
     if isinstance(spec, str):
         token = _ALIASES.get(spec, spec)
         if token in TABLE:

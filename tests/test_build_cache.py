@@ -22,7 +22,7 @@ class CountingToolchain:
 
     def __init__(self, real):
         self.real, self.compiles = real, 0
-        self.flags, self.identity = real.flags, real.identity
+        self.flags, self.cache_flags, self.identity = real.flags, real.cache_flags, real.identity
 
     def compile(self, *args, **kw):
         self.compiles += 1

@@ -58,7 +58,7 @@ def test_regular_parity(dtype, layout, gen):
 
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
 def test_regular_fp8(dtype, gen):
-    for shape in SHAPES:
+    for shape in [(136, 200, 128), (512, 384, 256), (16, 16, 16), (1000, 1032, 1056)]:  # 16-byte rows
         err, tol = run("regular", dtype, "rcr", shape, gen)
         assert err <= tol, (dtype, shape, err)
 

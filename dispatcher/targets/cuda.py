@@ -115,6 +115,13 @@ class Toolchain:
         return (f"{version.strip().splitlines()[-1]} | sm_{self.arch} | cutlass {cutlass_version} "
                 f"| headers:{headers.hexdigest()[:16]}")
 
+    @property
+    def cache_flags(self) -> tuple:
+        """The flags that change the binary: include folders are left out
+        (their contents are in `identity`), so a cache built on one machine
+        is found on another where the package lives elsewhere."""
+        return tuple(f for f in self.flags if not f.startswith("-I"))
+
     def compile(self, source: Path, output: Path, extra_flags=()) -> None:
         cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

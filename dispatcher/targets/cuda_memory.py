@@ -9,6 +9,9 @@ torch's for torch tensors, CuPy's otherwise. CuPy is imported only here.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from .. import dtypes
@@ -24,7 +27,9 @@ def _cupy():
     return cupy
 
 
+@functools.lru_cache(maxsize=None)
 def device_count() -> int:
+    """GPUs visible to this process (asked once: CUDA fixes it at init)."""
     return _cupy().cuda.runtime.getDeviceCount()
 
 
@@ -33,12 +38,18 @@ def compute_capability() -> tuple:
     return int(cc[:-1]), int(cc[-1])
 
 
+@functools.lru_cache(maxsize=None)
 def multiprocessors() -> int:
     return _cupy().cuda.Device().attributes["MultiProcessorCount"]
 
 
+@functools.lru_cache(maxsize=64)
+def _is_torch_type(cls) -> bool:
+    return cls.__module__.startswith("torch") and hasattr(cls, "data_ptr")
+
+
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+    return _is_torch_type(type(x))
 
 
 def is_device_array(x) -> bool:
@@ -48,13 +59,12 @@ def is_device_array(x) -> bool:
 class DeviceArray:
     """A typed, strided view of device memory (numpy dtype, byte strides)."""
 
+    __slots__ = ("shape", "strides", "dtype", "ptr", "owner", "ndim", "size", "itemsize")
+
     def __init__(self, shape, strides, dtype, ptr, owner):
         self.shape, self.strides = tuple(shape), tuple(strides)
         self.dtype, self.ptr, self.owner = np.dtype(dtype), int(ptr), owner
-
-    ndim = property(lambda self: len(self.shape))
-    size = property(lambda self: int(np.prod(self.shape)))
-    itemsize = property(lambda self: self.dtype.itemsize)
+        self.ndim, self.size, self.itemsize = len(self.shape), math.prod(self.shape), self.dtype.itemsize
 
     @property
     def T(self):
@@ -68,19 +78,20 @@ class DeviceArray:
         return self.ptr, self.ptr + last + self.itemsize
 
 
-def _torch_dtype_token(t) -> str:
-    name = str(t.dtype).replace("torch.", "")
+@functools.lru_cache(maxsize=32)
+def _torch_dtype(torch_dtype) -> dtypes.DType:
+    name = str(torch_dtype).replace("torch.", "")
     token = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
              "float8_e5m2": "fp8_e5m2", "int8": "int8", "int32": "int32"}.get(name)
     if token is None:
-        raise DtypeError(f"torch dtype {t.dtype} is not supported")
-    return token
+        raise DtypeError(f"torch dtype {torch_dtype} is not supported")
+    return dtypes.get(token)
 
 
 def view(x) -> DeviceArray:
     """A DeviceArray over a user's device array, without copying."""
     if _is_torch(x):
-        d = dtypes.get(_torch_dtype_token(x))
+        d = _torch_dtype(x.dtype)
         return DeviceArray(x.shape, [s * d.itemsize for s in x.stride()], d.numpy, x.data_ptr(), x)
     iface = x.__cuda_array_interface__
     dtype = np.dtype(iface["typestr"])
