@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layout", default="rcr")
     s.add_argument("--problems", help="problem file (default: a built-in set)")
     s.add_argument("--workers", type=int, default=0, help="build processes (default: CPUs)")
-    s.add_argument("--devices", help="benchmark workers: ids 0,1 (or a count); on the CPU each gets a CPU share")
+    s.add_argument("--devices", help="benchmark workers, one per id: 0,1 (0,0: two on GPU 0); "
+                                     "on the CPU each worker gets a share of the CPUs")
     s.add_argument("--kernel-timeout", type=float, default=60.0, help="seconds per measurement")
     s.add_argument("--max-kernels", type=int, default=0)
     s.add_argument("--warmup", type=int, default=3)

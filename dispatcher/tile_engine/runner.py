@@ -82,18 +82,16 @@ class WorkerProcess:
 
 
 def parse_devices(text, target: str) -> list:
-    """CK's --devices: "0,1" lists ids ("5," is id 5), a bare integer N is a count."""
+    """--devices: ids "0,1" (one worker each; "0,0" runs two workers on GPU 0)
+    or one id "3". Default: every visible GPU, or one CPU worker."""
     if text is None or text == "":
         if target == "cpu":
             return ["0"]
         from ..targets import cuda_memory
         return [str(i) for i in range(cuda_memory.device_count())] or ["0"]
-    text = str(text)
-    if "," not in text:
-        return [str(i) for i in range(int(text))]
-    ids = [d.strip() for d in text.split(",") if d.strip()]
+    ids = [d.strip() for d in str(text).split(",") if d.strip()]
     if not ids or not all(d.isdigit() for d in ids):
-        raise ValueError(f"--devices wants ids like 0,1 or a count, got {text!r}")
+        raise ValueError(f"--devices wants device ids like 0 or 0,1, got {text!r}")
     return ids
 
 
