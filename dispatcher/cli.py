@@ -167,7 +167,9 @@ def cmd_sweep(args):
         layout=args.layout, out_dtype=args.out_dtype, problems=args.problems, workers=args.workers,
         devices=args.devices, kernel_timeout=args.kernel_timeout, max_kernels=args.max_kernels,
         verify=args.verify, out=args.out, resume=args.resume,
-        timing=TimingOptions(warmup=args.warmup, repeat=args.repeat), progress=not args.quiet)
+        timing=TimingOptions(warmup=args.warmup, repeat=args.repeat, rotating=args.rotating,
+                             flush_l2=not args.no_flush),
+        progress=not args.quiet)
     summary = engine.run(options)
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -275,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-kernels", type=int, default=0)
     s.add_argument("--warmup", type=int, default=3)
     s.add_argument("--repeat", type=int, default=10)
+    s.add_argument("--rotating", type=int, default=1, help="input sets cycled while timing")
+    s.add_argument("--no-flush", action="store_true", help="GPU: do not flush L2 before each timed run")
     s.add_argument("--verify", action="store_true")
     s.add_argument("--out", default="sweep_results")
     s.add_argument("--resume", action="store_true", help="skip measurements already in --out")

@@ -4,7 +4,6 @@ import json
 import multiprocessing as mp
 import os
 import stat
-import warnings
 
 import pytest
 

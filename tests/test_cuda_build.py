@@ -9,7 +9,6 @@ import pytest
 import dispatcher
 from dispatcher.api import Dispatcher
 from dispatcher.errors import ToolchainError
-from dispatcher.library import Library
 from dispatcher.targets import cuda
 
 try:

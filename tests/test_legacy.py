@@ -1,7 +1,6 @@
 """Migration from CK's legacy Tile Engine: every reference config, names, the driver."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

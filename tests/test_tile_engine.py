@@ -1,7 +1,6 @@
 """The tile engine: expansion, problem files, isolation of faulty kernels,
 resume after a kill, results, the tuning database feeding selection."""
 
-import csv
 import json
 import multiprocessing as mp
 import os
@@ -18,7 +17,7 @@ import dispatcher
 from dispatcher import errors
 from dispatcher.api import Dispatcher
 from dispatcher.problem import GemmProblem
-from dispatcher.tile_engine import problems, report, results, sweep
+from dispatcher.tile_engine import problems, results, sweep
 from dispatcher.tuning import TuningDatabase
 
 from conftest import make_importable
@@ -137,8 +136,9 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     cfg.write_text(json.dumps(config))
     probs = tmp_path / "problems.json"
     probs.write_text(json.dumps(SMALL_PROBLEMS))
+    # slow enough (~0.1 s a measurement) that the kill lands mid-sweep
     cmd = [sys.executable, "-m", "dispatcher", "sweep", str(cfg), "--problems", str(probs),
-           "--variant", "faulty", "--quiet", "--repeat", "200", "--out", str(out)]
+           "--variant", "faulty", "--quiet", "--repeat", "20000", "--out", str(out)]
     proc = subprocess.Popen(cmd, env=faulty_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 600
@@ -161,7 +161,8 @@ def test_cpu_fake_device_list_merges_results(tmp_path):
     out = tmp_path / "out"
     proc = sweep_cli(tmp_path, {"tile_m": {"values": [12, 24, 36]}, "tile_n": {"values": [32, 64]},
                                 "tile_k": {"values": [32]}},
-                     "--variant", "regular", "--devices", "0,1", "--verify", "--out", str(out))
+                     "--variant", "regular", "--devices", "0,1", "--verify", "--rotating", "3",
+                     "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rows = results.read(out)
     keys = {(r["kernel"], r["problem_idx"]) for r in rows}

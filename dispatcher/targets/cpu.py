@@ -14,16 +14,14 @@ import os
 import platform
 import shutil
 import subprocess
-from pathlib import Path
 
 import attrs
 
 from .. import dtypes
-from ..errors import BuildError, ToolchainError
+from ..errors import ToolchainError
 from ..records import Option
 from . import register
-
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
 # C++ codec of each dtype token in dcpu:: (fp8 codecs take a decode table).
 _CODECS = {
@@ -54,21 +52,13 @@ def vector_bytes() -> int:
     return 16
 
 
-def _headers_hash() -> str:
-    """The native headers every kernel includes are part of its source."""
-    h = hashlib.sha256()
-    for path in sorted(NATIVE_DIR.rglob("*.h*")):
-        h.update(path.relative_to(NATIVE_DIR).as_posix().encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @attrs.frozen
-class Toolchain:
+class Toolchain(CompilerMixin):
     """A C++ compiler and the flags every CPU kernel is built with."""
 
     compiler: str
     flags: tuple
+    label = "C++"
 
     @classmethod
     @functools.lru_cache(maxsize=None)
@@ -89,21 +79,7 @@ class Toolchain:
         version = subprocess.run([self.compiler, "--version"], capture_output=True,
                                  text=True).stdout.splitlines()[:1]
         isa = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:16]
-        return f"{' '.join(version)} | {platform.machine()} isa:{isa} | headers:{_headers_hash()}"
-
-    @property
-    def cache_flags(self) -> tuple:
-        """The flags that change the binary: include folders are left out
-        (their contents are in `identity`), so a cache built on one machine
-        is found on another where the package lives elsewhere."""
-        return tuple(f for f in self.flags if not f.startswith("-I"))
-
-    def compile(self, source: Path, output: Path, extra_flags=()) -> None:
-        cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            first = "\n".join(line[:300] for line in proc.stderr.strip().splitlines()[:12])
-            raise BuildError(f"C++ compilation of {source.name} failed:\n{first}", proc.stderr)
+        return f"{' '.join(version)} | {platform.machine()} isa:{isa} | headers:{headers_hash('cpu')}"
 
 
 @attrs.frozen

@@ -11,7 +11,6 @@ mainloop stage count. Device memory and streams go through CuPy
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import os
 from importlib import metadata
@@ -22,11 +21,11 @@ from pathlib import Path
 import attrs
 
 from .. import dtypes
-from ..errors import BuildError, ToolchainError
+from ..errors import ToolchainError
 from ..records import Option
 from . import register
+from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 SUPPORTED_ARCHS = ("90a",)
 
 _ELEMENTS = {
@@ -83,10 +82,11 @@ def detect_arch() -> str:
 
 
 @attrs.frozen
-class Toolchain:
+class Toolchain(CompilerMixin):
     compiler: str
     flags: tuple
     arch: str
+    label = "nvcc"
 
     @classmethod
     @functools.lru_cache(maxsize=None)
@@ -105,30 +105,12 @@ class Toolchain:
     @functools.cached_property
     def identity(self) -> str:
         version = subprocess.run([self.compiler, "--version"], capture_output=True, text=True).stdout
-        headers = hashlib.sha256()
-        for path in sorted((NATIVE_DIR).rglob("*.h*")):
-            headers.update(path.read_bytes())
         try:
             cutlass_version = metadata.version("nvidia-cutlass")
         except metadata.PackageNotFoundError:
             cutlass_version = "?"
         return (f"{version.strip().splitlines()[-1]} | sm_{self.arch} | cutlass {cutlass_version} "
-                f"| headers:{headers.hexdigest()[:16]}")
-
-    @property
-    def cache_flags(self) -> tuple:
-        """The flags that change the binary: include folders are left out
-        (their contents are in `identity`), so a cache built on one machine
-        is found on another where the package lives elsewhere."""
-        return tuple(f for f in self.flags if not f.startswith("-I"))
-
-    def compile(self, source: Path, output: Path, extra_flags=()) -> None:
-        cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            errors = [l for l in proc.stderr.splitlines() if "error" in l] or proc.stderr.splitlines()
-            first = "\n".join(line[:300] for line in errors[:12])
-            raise BuildError(f"nvcc compilation of {source.name} failed:\n{first}", proc.stderr)
+                f"| headers:{headers_hash('cuda')}")
 
 
 @attrs.frozen

@@ -8,7 +8,6 @@ from collections import defaultdict
 import attrs
 
 from .. import dtypes
-from ..config import KernelConfig
 from ..errors import DispatcherError
 from ..plugins import get_manager
 from ..problem import GemmProblem, GroupedGemmProblem

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import DispatcherError
-from . import results
 
 
 def winners(rows) -> dict:

@@ -46,10 +46,13 @@ class Bench:
             raise RuntimeError("not built (run the build phase first)")
         return Library(built.path, expected_name=config.name, config=config)
 
-    def operands(self, idx):
-        """Inputs of problem idx, made once: (problem, operands, outputs, refs, session)."""
-        if idx in self.prepared:
-            return self.prepared[idx]
+    def operands(self, idx, copy: int = 0):
+        """Inputs of problem idx, made once: (problem, operands, outputs, host
+        inputs, session). copy > 0: another set of buffers with the same values,
+        for timing with rotating inputs (`TimingOptions.rotating`)."""
+        key = (idx, copy)
+        if key in self.prepared:
+            return self.prepared[key]
         from ..problem import prepare_gemm, prepare_grouped
         from ..verify import random_matrix
         rng = np.random.default_rng(1000 + idx)
@@ -66,8 +69,8 @@ class Bench:
         else:
             problem, ops, out = prepare_gemm(dev_a[0], dev_b[0], **kw)
             outs = [out]
-        self.prepared[idx] = (problem, ops, outs, (As, Bs), session)
-        return self.prepared[idx]
+        self.prepared[key] = (problem, ops, outs, (As, Bs), session)
+        return self.prepared[key]
 
     def references(self, idx):
         """float64 results of problem idx, computed once for all kernels."""
@@ -104,7 +107,8 @@ class Bench:
             if err > tol:
                 return {**row, "status": "failed", "reason": f"wrong result: max_rel {err:.3g} > tolerance {tol:.3g}"}
         timer = measure if self.target.name == "cpu" else measure_cuda
-        seconds = median(timer(lambda i: self.d.launch(library, problem, ops, options), self.timing))
+        rotation = [ops] + [self.operands(idx, c)[1] for c in range(1, self.timing.rotating)]
+        seconds = median(timer(lambda i: self.d.launch(library, problem, rotation[i], options), self.timing))
         return {**row, "status": "ok", "reason": "", "latency_ms": seconds * 1e3,
                 "tflops": problem.flops / seconds / 1e12}
 

@@ -1,0 +1,45 @@
+"""What every target's compiler wrapper shares: running the compiler,
+reporting its first errors, and the parts of a build that key the cache."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+from ..errors import BuildError
+
+NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+
+
+def headers_hash(*subdirs: str) -> str:
+    """Content hash of the native headers a target's kernels include (the ABI
+    header and the target's own folder): they are part of every source."""
+    h = hashlib.sha256()
+    paths = [NATIVE_DIR / "dispatcher_abi.h"]
+    for sub in subdirs:
+        paths += sorted((NATIVE_DIR / sub).rglob("*.h*"))
+    for path in paths:
+        h.update(path.relative_to(NATIVE_DIR).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class CompilerMixin:
+    """For attrs toolchain classes with `compiler`, `flags` and `label`."""
+
+    @property
+    def cache_flags(self) -> tuple:
+        """The flags that change the binary: include folders are left out
+        (their contents are in `identity`), so a cache built on one machine
+        is found on another where the package lives elsewhere."""
+        return tuple(f for f in self.flags if not f.startswith("-I"))
+
+    def compile(self, source: Path, output: Path, extra_flags=()) -> None:
+        cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines()
+            errors = [l for l in lines if "error" in l] or lines
+            first = "\n".join(line[:300] for line in errors[:12])
+            raise BuildError(f"{self.label} compilation of {source.name} failed:\n{first}", proc.stderr)
