@@ -102,10 +102,11 @@ class Dispatcher:
             return self._libraries[config]
 
     def run(self, problem, operands, config=None, options=None):
-        config = self.select(problem) if config is None else self._check_config(problem, config)
+        config = self.select(problem) if config is None else self.config_matching(problem, config)
         return self.launch(self.library(config), problem, operands, options)
 
-    def _check_config(self, problem, config) -> KernelConfig:
+    def config_matching(self, problem, config) -> KernelConfig:
+        """`config` (a KernelConfig or a dict of fields) checked against the problem."""
         if isinstance(config, dict):
             return self.config_for(problem, config)
         for field, want in (("variant", problem.variant), ("target", problem.target),

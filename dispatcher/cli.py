@@ -59,7 +59,7 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
         problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
                                                  target=target)
         results, refs = [result], [reference(a, b)]
-    chosen = d._check_config(problem, config) if config else d.select(problem)
+    chosen = d.config_matching(problem, config) if config else d.select(problem)
     library = d.library(chosen)
     try:
         d.launch(library, problem, operands)

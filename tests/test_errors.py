@@ -110,7 +110,7 @@ def test_kernel_runtime_failure_carries_library_message():
     a, b = f32(8, 8), f32(8, 8)
     problem, ops, _ = prepare_gemm(a, b)
     d = default_dispatcher()
-    lib = d.library(d._check_config(problem, SMALL))
+    lib = d.library(d.config_matching(problem, SMALL))
     args = gemm_args(ops)
     args.lda = 2  # smaller than K
     with pytest.raises(errors.KernelError, match="leading dimension smaller"):
