@@ -57,13 +57,14 @@ def parser():
     p.add_argument("--csv", default="gemm_benchmark_results.csv")
     p.add_argument("--best", default="best_kernels.txt")
     p.add_argument("--json")
-    p.add_argument("--out", default="streamk_sweep", help="where the new-format results go")
+    p.add_argument("--out", help="where the new-format results go (default: a new streamk_sweep_<time> folder)")
     p.add_argument("--verbose", action="store_true")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    args.out = args.out or time.strftime("streamk_sweep_%Y%m%d_%H%M%S")
     print(NOTICE.format(target=args.target), file=sys.stderr)
     problems = [tuple(int(v) for v in s.split(",")) for s in args.problem_sizes]
     migration = configs.migrate(args.config or DEFAULT_CONFIG, target=args.target, variant="stream_k",

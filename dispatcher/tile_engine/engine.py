@@ -63,20 +63,22 @@ def run(o: SweepOptions) -> dict:
     if not configs:
         raise DispatcherError("no kernel of the sweep was built")
 
+    done = results.done_keys(o.out)
+    if done and not o.resume:
+        raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
+                              "add --resume to continue that sweep, or choose another --out")
+    devices = runner.parse_devices(o.devices, o.target)
     writer = results.ResultWriter(o.out, kind, o.target)
-    done = results.done_keys(o.out) if o.resume else set()
-    writer_rows_before = len(done)
     todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
     header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
               "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
               "timing": attrs.asdict(o.timing)}
     try:
-        rows = runner.benchmark(configs, header, runner.parse_devices(o.devices, o.target),
-                                o.kernel_timeout, writer, todo, o.progress)
+        rows = runner.benchmark(configs, header, devices, o.kernel_timeout, writer, todo, o.progress)
     finally:
         writer.close()
-    if writer_rows_before:
-        say(f"resume: skipped {writer_rows_before} measurement(s) already in {writer.csv_path}")
+    if done:
+        say(f"resume: skipped {len(done)} measurement(s) already in {writer.csv_path}")
 
     winners = record_winners(results.read(o.out), configs, probs, o, kind)
     failed = [r for r in rows if r["status"] != "ok"]

@@ -19,6 +19,8 @@ import threading
 
 from tqdm import tqdm
 
+from ..errors import ConfigError
+
 
 class WorkerDied(Exception):
     pass
@@ -91,7 +93,7 @@ def parse_devices(text, target: str) -> list:
         return [str(i) for i in range(cuda_memory.device_count())] or ["0"]
     ids = [d.strip() for d in str(text).split(",") if d.strip()]
     if not ids or not all(d.isdigit() for d in ids):
-        raise ValueError(f"--devices wants device ids like 0 or 0,1, got {text!r}")
+        raise ConfigError(f"--devices wants device ids like 0 or 0,1, got {text!r}")
     return ids
 
 
