@@ -138,7 +138,7 @@ int run(const dispatcher_gemm_args* args) {
                                         "K-iterations = " + std::to_string(P.tiles() * P.k_iters()) +
                                         " < " + std::to_string(requested) + " workers)");
         Acc* workspace = static_cast<Acc*>(args->workspace);
-#pragma omp parallel num_threads(requested)
+#pragma omp parallel num_threads(requested) proc_bind(close)
         {
             // Plan with the team the runtime really gave us.
             const Plan plan = make_plan(P, omp_get_num_threads());
