@@ -105,6 +105,23 @@ class Dispatcher:
         config = self.select(problem) if config is None else self.config_matching(problem, config)
         return self.launch(self.library(config), problem, operands, options)
 
+    def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False):
+        """`run`, but a selected kernel's status -2 retries with the variant's
+        fallback (stream-K -> regular) unless `strict` or a config was given.
+        Returns the (problem, config) that ran."""
+        chosen = self.select(problem) if config is None else self.config_matching(problem, config)
+        try:
+            self.launch(self.library(chosen), problem, operands, options)
+            return problem, chosen
+        except UnsupportedProblem:
+            fallback = self.manager.variant(problem.variant).fallback
+            if strict or config is not None or not fallback:
+                raise
+        problem = attrs.evolve(problem, variant=fallback)
+        chosen = self.select(problem)
+        self.launch(self.library(chosen), problem, operands, options)
+        return problem, chosen
+
     def config_matching(self, problem, config) -> KernelConfig:
         """`config` (a KernelConfig or a dict of fields) checked against the problem."""
         if isinstance(config, dict):
@@ -167,13 +184,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         return result
     d = dispatcher or default_dispatcher()
     options = {"stream": session.stream, **(options or {})}
-    try:
-        d.run(problem, operands, config, options)
-    except UnsupportedProblem:
-        fallback = d.manager.variant(variant).fallback
-        if strict or config is not None or not fallback:
-            raise
-        d.run(attrs.evolve(problem, variant=fallback), operands, None, options)
+    d.run_or_fall_back(problem, operands, config, options, strict)
     return session.finish(result, host_out)
 
 
@@ -191,10 +202,7 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
     problem, operands, results = prepare_grouped(
         arrays[:len(list_a)], arrays[len(list_a):], out_dtype=out_dtype, alpha=alpha,
         variant=variant, target=target, memory=session.memory, allocate=session.empty)
-    if any(m * n for m, n, _ in problem.groups):
+    if any(m * n for m, n, _ in problem.groups):  # else every result is empty
         options = {"stream": session.stream, **(options or {})}
         (dispatcher or default_dispatcher()).run(problem, operands, config, options)
-    elif target == "cpu":
-        for r in results:
-            r[...] = 0
     return [session.finish(r) for r in results]

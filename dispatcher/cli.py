@@ -10,7 +10,7 @@ import attrs
 
 from . import dtypes, targets
 from .api import Dispatcher
-from .errors import DispatcherError, UnsupportedProblem
+from .errors import DispatcherError
 from .plugins import get_manager
 from .problem import prepare_gemm, prepare_grouped
 from .timing import TimingOptions, measure, median
@@ -59,17 +59,8 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
         problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
                                                  target=target)
         results, refs = [result], [reference(a, b)]
-    chosen = d.config_matching(problem, config) if config else d.select(problem)
+    problem, chosen = d.run_or_fall_back(problem, operands, config or None, strict=strict)
     library = d.library(chosen)
-    try:
-        d.launch(library, problem, operands)
-    except UnsupportedProblem:
-        fallback = get_manager().variant(variant).fallback
-        if strict or config or not fallback:
-            raise
-        problem = attrs.evolve(problem, variant=fallback)
-        chosen = d.select(problem)
-        library = d.library(chosen)
     times = measure(lambda i: d.launch(library, problem, operands), timing)
     seconds = median(times)
     row = {"kernel": library.name, "variant": problem.variant, "target": target, "dtype": dtype,

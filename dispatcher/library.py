@@ -146,22 +146,21 @@ def data_pointer(x) -> int:
     return x.ptr
 
 
-def gemm_args(operands, workers: int = 0, workspace: int = 0, workspace_bytes: int = 0,
-              stream: int = 0) -> GemmArgs:
-    """The ABI struct of one problem's operands (see problem.GemmOperands)."""
+def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
+    """The ABI struct of one problem's operands (see problem.GemmOperands);
+    a variant that needs scratch memory sets `workspace`/`workspace_bytes`."""
     a, b, c = operands.a, operands.b, operands.c
     return GemmArgs(data_pointer(a), data_pointer(b), data_pointer(c),
                     c.shape[0], c.shape[1], a.shape[1],
                     operands.lda, operands.ldb, operands.ldc,
-                    operands.alpha, operands.beta, workspace or None, workspace_bytes,
-                    int(workers), stream or None)
+                    operands.alpha, operands.beta, None, 0, int(workers), stream or None)
 
 
 class GroupedCall:
     """The ABI struct of a grouped problem plus the arrays it points into,
     which must stay alive while the struct is used."""
 
-    def __init__(self, operands, workspace: int = 0, workspace_bytes: int = 0, stream: int = 0):
+    def __init__(self, operands, stream: int = 0):
         g = len(operands.a)
         self.dims = np.array([[c.shape[0], c.shape[1], a.shape[1]]
                               for a, c in zip(operands.a, operands.c)], np.int64).reshape(g, 3).T.copy()
@@ -174,4 +173,4 @@ class GroupedCall:
             g, *(self.dims[i].ctypes.data_as(i64) for i in range(3)),
             *(self.pointers[i].ctypes.data_as(vpp) for i in range(3)),
             *(ld.ctypes.data_as(i64) for ld in self.lds),
-            operands.alpha, operands.beta, workspace or None, workspace_bytes, stream or None)
+            operands.alpha, operands.beta, None, 0, stream or None)

@@ -71,8 +71,9 @@ def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
     stream = options.get("stream", 0)
-    nbytes = library.workspace_size(GroupedCall(operands, stream=stream).args)
-    workspace = WORKSPACES.get(targets.get(library.config.target).memory, nbytes, stream)
-    call = GroupedCall(operands, workspace=workspace, workspace_bytes=nbytes, stream=stream)
+    call = GroupedCall(operands, stream=stream)
+    nbytes = library.workspace_size(call.args)
+    call.args.workspace = WORKSPACES.get(targets.get(library.config.target).memory, nbytes, stream) or None
+    call.args.workspace_bytes = nbytes
     library.run_grouped(call.args)  # direct call: no registry table
     return LaunchResult(library.name)

@@ -124,10 +124,10 @@ def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
     workers, stream = options.get("workers", 0), options.get("stream", 0)
-    nbytes = library.workspace_size(gemm_args(operands, workers=workers, stream=stream))
+    args = gemm_args(operands, workers=workers, stream=stream)
+    nbytes = library.workspace_size(args)
     memory = targets.get(library.config.target).memory
-    workspace = WORKSPACES.get(memory, nbytes, stream)  # grown on demand, zeroed
-    args = gemm_args(operands, workers=workers, workspace=workspace, workspace_bytes=nbytes,
-                     stream=stream)
+    args.workspace = WORKSPACES.get(memory, nbytes, stream) or None  # grown on demand, zeroed
+    args.workspace_bytes = nbytes
     library.run_gemm(args)  # direct call: no registry table
     return LaunchResult(library.name, workspace_bytes=nbytes)
