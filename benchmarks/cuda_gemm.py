@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_sweeps  # noqa: E402
 import dispatcher  # noqa: E402
 from common import environment, geomean, load_shapes  # noqa: E402
-from dispatcher.api import Dispatcher  # noqa: E402
+from dispatcher.api import Dispatcher, default_dispatcher  # noqa: E402
 from dispatcher.problem import prepare_gemm, prepare_grouped  # noqa: E402
 from dispatcher.targets import get as get_target  # noqa: E402
 from dispatcher.timing import TimingOptions, measure_cuda, median  # noqa: E402
@@ -175,12 +175,22 @@ def bench_grouped(r, cases):
 
 
 def bench_overhead(calls=2000):
+    """Wall time per call, launch-bound (256^3), against torch.matmul's. Also
+    the launch step alone on prepared operands, which splits the total into
+    the launch path (pluggy hook, ctypes, CUTLASS) and the Python API around it."""
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     dispatcher.gemm(a, b, target="cuda")  # build/load/select outside the timing
+    d = default_dispatcher()
+    session = get_target("cuda").session(a, b)
+    problem, ops, _ = prepare_gemm(*session.arrays, target="cuda", memory=session.memory,
+                                   allocate=session.empty)
+    lib = d.library(d.select(problem))
+    options = {"stream": session.stream}
     out = {}
     for name, fn in (("torch.matmul", lambda: torch.matmul(a, b)),
-                     ("dispatcher.gemm", lambda: dispatcher.gemm(a, b, target="cuda"))):
+                     ("dispatcher.gemm", lambda: dispatcher.gemm(a, b, target="cuda")),
+                     ("launch_step", lambda: d.launch(lib, problem, ops, options))):
         per_call = []
         for _ in range(5):
             torch.cuda.synchronize()

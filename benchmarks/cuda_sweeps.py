@@ -12,6 +12,10 @@ REGULAR_TILES = [
     (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (256, 128, 2, 1, "cooperative"),
     (256, 128, 1, 2, "cooperative"), (128, 128, 1, 1, "cooperative"), (128, 128, 2, 1, "cooperative"),
     (128, 192, 1, 1, "cooperative"), (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
+    # few-tile problems (1024^3, 64-row skinny): more, smaller tiles
+    (64, 64, 1, 1, "pingpong"), (64, 128, 1, 1, "pingpong"), (128, 64, 1, 1, "cooperative"),
+    # 5120^3: 256x160 tiles fill 4.85 waves of 132 SMs where 128x256 leaves the 7th nearly empty
+    (256, 160, 1, 1, "cooperative"), (256, 160, 2, 1, "cooperative"),
 ]
 STREAM_K = [  # tiles x (decomposition, reduction); data_parallel rows are the baseline of the same sweep
     ((128, 256, 2, 1), "hybrid", "linear"), ((128, 256, 2, 1), "stream_k", "linear"),

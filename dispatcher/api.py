@@ -33,6 +33,7 @@ class Dispatcher:
         self.tuning = TuningDatabase(self.cache.root / "tuning.sqlite") if tuning == "default" else tuning
         self._libraries: dict = {}
         self._selected: dict = {}
+        self._ready: dict = {}  # problem -> (selected config, its library): one lookup per call
         self._lock = threading.Lock()
 
     @property
@@ -102,25 +103,38 @@ class Dispatcher:
             return self._libraries[config]
 
     def run(self, problem, operands, config=None, options=None):
-        config = self.select(problem) if config is None else self.config_matching(problem, config)
-        return self.launch(self.library(config), problem, operands, options)
+        _, library = (self.ready(problem) if config is None else
+                      self._with_library(self.config_matching(problem, config)))
+        return self.launch(library, problem, operands, options)
 
     def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False):
         """`run`, but a selected kernel's status -2 retries with the variant's
         fallback (stream-K -> regular) unless `strict` or a config was given.
         Returns the (problem, config) that ran."""
-        chosen = self.select(problem) if config is None else self.config_matching(problem, config)
+        chosen, library = (self.ready(problem) if config is None else
+                           self._with_library(self.config_matching(problem, config)))
         try:
-            self.launch(self.library(chosen), problem, operands, options)
+            self.launch(library, problem, operands, options)
             return problem, chosen
         except UnsupportedProblem:
             fallback = self.manager.variant(problem.variant).fallback
             if strict or config is not None or not fallback:
                 raise
         problem = attrs.evolve(problem, variant=fallback)
-        chosen = self.select(problem)
-        self.launch(self.library(chosen), problem, operands, options)
+        chosen, library = self.ready(problem)
+        self.launch(library, problem, operands, options)
         return problem, chosen
+
+    def ready(self, problem) -> tuple:
+        """(selected config, its loaded library) for `problem`, memoized: the
+        per-call path of `gemm` on a known problem is one dict lookup."""
+        found = self._ready.get(problem)
+        if found is None:
+            found = self._ready[problem] = self._with_library(self.select(problem))
+        return found
+
+    def _with_library(self, config) -> tuple:
+        return config, self.library(config)
 
     def config_matching(self, problem, config) -> KernelConfig:
         """`config` (a KernelConfig or a dict of fields) checked against the problem."""

@@ -146,8 +146,8 @@ class CudaTarget:
         tile_ms = (128, 256) if o["schedule"] == "cooperative" else (64, 128)
         if config.tile_m not in tile_ms:
             return f"the {o['schedule']} schedule takes tile_m in {tile_ms}"
-        if config.tile_n not in (64, 128, 192, 256):
-            return "tile_n must be 64, 128, 192 or 256"
+        if config.tile_n not in (64, 128, 160, 192, 256):
+            return "tile_n must be 64, 128, 160, 192 or 256"
         if config.tile_k * dtypes.get(config.dtype_a).itemsize not in (64, 128, 256):
             return "tile_k must span 64, 128 or 256 bytes of A (e.g. 64 for bf16, 128 for fp8)"
         if o["cluster_m"] * o["cluster_n"] > 4:

@@ -78,21 +78,48 @@ class DeviceArray:
         return self.ptr, self.ptr + last + self.itemsize
 
 
-@functools.lru_cache(maxsize=32)
-def _torch_dtype(torch_dtype) -> dtypes.DType:
-    name = str(torch_dtype).replace("torch.", "")
-    token = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
-             "float8_e5m2": "fp8_e5m2", "int8": "int8", "int32": "int32"}.get(name)
-    if token is None:
-        raise DtypeError(f"torch dtype {torch_dtype} is not supported")
-    return dtypes.get(token)
+# torch dtype name -> dtype token; the torch dtype objects themselves are
+# looked up once (see _torch_types) so torch is imported only when used.
+_TORCH_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
+                "float8_e5m2": "fp8_e5m2", "int8": "int8", "int32": "int32"}
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_types() -> tuple:
+    """({torch dtype: (numpy dtype, itemsize)}, {token: torch dtype}) of this torch."""
+    import torch
+    to_numpy, from_token = {}, {}
+    for name, token in _TORCH_NAMES.items():
+        if hasattr(torch, name):
+            d = dtypes.get(token)
+            to_numpy[getattr(torch, name)] = (d.numpy, d.itemsize)
+            from_token[token] = getattr(torch, name)
+    return to_numpy, from_token
+
+
+def _torch_view(x) -> DeviceArray:
+    found = _torch_types()[0].get(x.dtype)
+    if found is None:
+        raise DtypeError(f"torch dtype {x.dtype} is not supported")
+    dtype, size = found
+    return DeviceArray(x.shape, [s * size for s in x.stride()], dtype, x.data_ptr(), x)
+
+
+def _torch_stream(x) -> int:
+    """The current stream of tensor x's device, as a raw handle. torch's
+    `_cuda_getCurrentRawStream` skips building a Stream object (Triton uses
+    it too); `torch.cuda.current_stream` is the public fallback."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(x.get_device())
+    return torch.cuda.current_stream(x.device).cuda_stream
 
 
 def view(x) -> DeviceArray:
     """A DeviceArray over a user's device array, without copying."""
     if _is_torch(x):
-        d = _torch_dtype(x.dtype)
-        return DeviceArray(x.shape, [s * d.itemsize for s in x.stride()], d.numpy, x.data_ptr(), x)
+        return _torch_view(x)
     iface = x.__cuda_array_interface__
     dtype = np.dtype(iface["typestr"])
     shape = iface["shape"]
@@ -174,8 +201,7 @@ class DeviceSession:
                 raise ProblemError(f"the cuda target takes torch CUDA tensors, CUDA arrays or numpy "
                                    f"arrays, got {type(x).__name__}")
         if self.torch_like is not None:
-            import torch
-            self.stream = torch.cuda.current_stream(self.torch_like.device).cuda_stream
+            self.stream = _torch_stream(self.torch_like)
         else:
             self.stream = _cupy().cuda.get_current_stream().ptr
         self.arrays = tuple(self.to_device(x) for x in arrays)
@@ -191,11 +217,9 @@ class DeviceSession:
         """An output of the kind the caller passed (torch tensor if any input was)."""
         if self.torch_like is not None:
             import torch
-            t = torch.empty(shape, dtype=getattr(torch, {
-                "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32",
-                "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[dtypes.get(dtype).token]),
-                device=self.torch_like.device)
-            return view(t)
+            t = torch.empty(shape, dtype=_torch_types()[1][dtypes.get(dtype).token],
+                            device=self.torch_like.device)
+            return _torch_view(t)
         return DEVICE.empty(shape, dtype)
 
     def finish(self, result: DeviceArray, host_out=None):

@@ -173,7 +173,8 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typenam
 // The packed B panel of one column of block tiles (every K block of it) is
 // kept: a thread that runs the tiles of one column one after another packs B
 // once for all of them. It is keyed by (launch generation, column); panels
-// over kPanelCacheBytes are not kept.
+// over kPanelCacheBytes, or that no other tile of the thread can read, are
+// not kept.
 template <class T>
 struct Buffers {
     using Acc = typename T::Acc;
@@ -203,7 +204,12 @@ struct Buffers {
     const Acc* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
         const size_t panel = size_t(T::KC) * T::NC;
         const size_t blocks = size_t(P.k_iters());
-        const bool cacheable = blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
+        // Caching pays off only if this thread computes another tile of the
+        // column: with one row block per column, or no more tiles than
+        // threads, a cached panel is written to memory and never read again
+        // (on long-K problems that doubles B's memory traffic).
+        const bool reused = P.tiles_m() > 1 && P.tiles() > omp_get_num_threads();
+        const bool cacheable = reused && blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
         const size_t want = cacheable ? blocks : 1;
         if (b_capacity < want * panel) {
             b_panels.reset(make(want * panel));

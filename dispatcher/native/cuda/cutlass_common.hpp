@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -62,11 +63,29 @@ Stride stride_with_ld(int64_t ld) {
     return s;
 }
 
+// Per-device facts asked of the driver once, not on every launch.
+constexpr int kMaxDevices = 64;
+
+inline int current_device() {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) device = 0;
+    return device;
+}
+
+inline int multiprocessor_count(int device) {
+    static std::atomic<int> counts[kMaxDevices] = {};
+    int n = counts[device].load(std::memory_order_relaxed);
+    if (n == 0) {
+        n = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+        counts[device].store(n, std::memory_order_relaxed);
+    }
+    return n;
+}
+
 inline cutlass::KernelHardwareInfo hardware(int32_t workers) {
     cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = workers > 0 ? workers
-                              : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+    hw.device_id = current_device();
+    hw.sm_count = workers > 0 ? workers : multiprocessor_count(hw.device_id);
     return hw;
 }
 
@@ -112,23 +131,42 @@ typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
     return arguments;
 }
 
-// can_implement / initialize / run of a GemmUniversalAdapter; a problem the
-// kernel cannot run (alignment, sizes) is status -2, decided by CUTLASS's
-// own can_implement check.
+// Raise the kernel's dynamic shared memory limit once per device. (CUTLASS's
+// initialize() does it on every call: a driver call per launch.)
+template <class Kernel>
+void allow_shared_memory(int device) {
+    constexpr int kBytes = Kernel::SharedStorageSize;
+    if constexpr (kBytes >= (48 << 10)) {
+        static std::atomic<bool> done[kMaxDevices] = {};
+        if (done[device].load(std::memory_order_acquire)) return;
+        check_cuda(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+                   "cudaFuncSetAttribute(max dynamic shared memory)");
+        done[device].store(true, std::memory_order_release);
+    }
+}
+
+// can_implement / initialize workspace / params / launch of a
+// GemmUniversalAdapter, with what initialize() repeats per call hoisted
+// (see allow_shared_memory). A problem the kernel cannot run (alignment,
+// sizes) is status -2, decided by CUTLASS's own can_implement check.
 template <class Gemm>
 int run_gemm(typename Gemm::Arguments& arguments, void* workspace, int64_t workspace_bytes,
              cudaStream_t stream) {
+    using Kernel = typename Gemm::GemmKernel;
     if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess)
         throw Failure(DISPATCHER_UNSUPPORTED,
                       "CUTLASS can_implement rejected the problem (TMA needs 16-byte aligned "
                       "pointers and leading dimensions)");
     if (static_cast<int64_t>(Gemm::get_workspace_size(arguments)) > workspace_bytes)
         throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
-    Gemm gemm;
-    cutlass::Status st = gemm.initialize(arguments, workspace, stream);
+    allow_shared_memory<Kernel>(arguments.hw_info.device_id);
+    cutlass::Status st = Kernel::initialize_workspace(arguments, workspace, stream);
     if (st != cutlass::Status::kSuccess)
-        throw Failure(DISPATCHER_ERROR, std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st));
-    st = gemm.run(stream);
+        throw Failure(DISPATCHER_ERROR, std::string("CUTLASS workspace initialization failed: ") +
+                                            cutlassGetStatusString(st));
+    auto params = Kernel::to_underlying_arguments(arguments, workspace);
+    st = Gemm::run(params, stream);
     if (st != cutlass::Status::kSuccess)
         throw Failure(DISPATCHER_ERROR, std::string("CUTLASS run failed: ") + cutlassGetStatusString(st));
     check_cuda(cudaGetLastError(), "kernel launch");
