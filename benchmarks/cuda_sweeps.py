@@ -7,39 +7,47 @@ from dispatcher import KernelConfig
 
 BF16 = dict(target="cuda", dtype="bf16", layout="rcr", tile_k=64)
 
-# (tile_m, tile_n, cluster_m, cluster_n, schedule)
+# (tile_m, tile_n, cluster_m, cluster_n, schedule[, swizzle])
 REGULAR_TILES = [
     (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (256, 128, 2, 1, "cooperative"),
     (256, 128, 1, 2, "cooperative"), (128, 128, 1, 1, "cooperative"), (128, 128, 2, 1, "cooperative"),
     (128, 192, 1, 1, "cooperative"), (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
     # few-tile problems (1024^3, 64-row skinny): more, smaller tiles
     (64, 64, 1, 1, "pingpong"), (64, 128, 1, 1, "pingpong"), (128, 64, 1, 1, "cooperative"),
-    # 5120^3: 256x160 tiles fill 4.85 waves of 132 SMs where 128x256 leaves the 7th nearly empty
-    (256, 160, 1, 1, "cooperative"), (256, 160, 2, 1, "cooperative"),
+    # large squares: swizzled rasterization for L2 reuse between concurrent tiles
+    (128, 256, 2, 1, "cooperative", 2), (128, 256, 2, 1, "cooperative", 4), (256, 128, 1, 2, "cooperative", 4),
 ]
-STREAM_K = [  # tiles x (decomposition, reduction); data_parallel rows are the baseline of the same sweep
-    ((128, 256, 2, 1), "hybrid", "linear"), ((128, 256, 2, 1), "stream_k", "linear"),
-    ((128, 256, 2, 1), "data_parallel", "linear"), ((128, 128, 1, 1), "hybrid", "linear"),
-    ((128, 128, 1, 1), "stream_k", "linear"), ((128, 128, 1, 1), "stream_k", "atomic"),
-    ((128, 128, 1, 1), "data_parallel", "linear"), ((256, 128, 2, 1), "stream_k", "linear"),
-    ((128, 256, 1, 2), "stream_k", "atomic"),
-]
+# The stream-K sweep: every tile with each decomposition; its data_parallel
+# rows (and regular kernels of the same tiles) are the baseline it is judged
+# against. CUTLASS's stream-K scheduler runs the cooperative schedule only.
+STREAM_K_TILES = [(128, 256, 2, 1), (128, 256, 1, 2), (256, 128, 2, 1), (128, 128, 1, 1), (128, 64, 1, 1)]
+STREAM_K_MODES = [("hybrid", "linear"), ("stream_k", "linear"), ("stream_k", "atomic"), ("data_parallel", "linear")]
 GROUPED_TILES = [
     (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (128, 128, 2, 1, "cooperative"),
     (128, 128, 1, 1, "cooperative"), (256, 128, 2, 1, "cooperative"), (128, 256, 1, 1, "cooperative"),
     (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
+    # ping-pong tiles sharing B (2x1) or A (1x2) across a cluster, and N=768 in 4 tiles
+    (64, 256, 2, 1, "pingpong"), (64, 256, 1, 2, "pingpong"), (128, 192, 2, 1, "cooperative"),
 ]
 
 
 def regular_sweep():
     return [KernelConfig.create(variant="regular", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
-                                schedule=s, **BF16) for m, n, cm, cn, s in REGULAR_TILES]
+                                schedule=s, swizzle=sw[0] if sw else 1, **BF16)
+            for m, n, cm, cn, s, *sw in REGULAR_TILES]
 
 
 def stream_k_sweep():
     return [KernelConfig.create(variant="stream_k", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
                                 decomposition=dec, reduction=red, **BF16)
-            for (m, n, cm, cn), dec, red in STREAM_K]
+            for m, n, cm, cn in STREAM_K_TILES for dec, red in STREAM_K_MODES]
+
+
+def same_tiles(config, other) -> bool:
+    """Whether two configs share tile, cluster, schedule and swizzle (differing in variant only)."""
+    keys = ("tile_m", "tile_n", "tile_k")
+    return (all(getattr(config, k) == getattr(other, k) for k in keys)
+            and config.target_params == other.target_params)
 
 
 def grouped_sweep():

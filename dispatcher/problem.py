@@ -9,6 +9,7 @@ check on user input lives here and raises a specific error.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -121,7 +122,11 @@ def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
     for name, x in (("a", a), ("b", b)):
         if not memory.accepts(x):
             raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
-    da, db = dtypes.get(a.dtype), dtypes.get(b.dtype)
+    return _same_input_dtype(a.dtype, b.dtype)
+
+
+def _same_input_dtype(dtype_a, dtype_b) -> dtypes.DType:
+    da, db = dtypes.get(dtype_a), dtypes.get(dtype_b)
     if da != db:
         raise DtypeError(f"a is {da.token} but b is {db.token}; both inputs must have one dtype")
     if da.token not in dtypes.INPUT_TOKENS:
@@ -135,6 +140,77 @@ def _check_no_alias(memory, out, what, *inputs):
             raise AliasingError(f"{what} overlaps {name}; the kernel would read what it writes")
 
 
+class ArraySpec(tuple):
+    """(shape, strides, dtype) of an array: all the layout analysis reads,
+    hashable so the analysis runs once per kind of call."""
+
+    __slots__ = ()
+
+    def __new__(cls, shape, strides, dtype):
+        return tuple.__new__(cls, (tuple(shape), tuple(strides), dtype))
+
+    @classmethod
+    def of(cls, x):
+        return None if x is None else cls(x.shape, x.strides, x.dtype)
+
+    shape = property(lambda self: self[0])
+    strides = property(lambda self: self[1])
+    dtype = property(lambda self: self[2])
+    ndim = property(lambda self: len(self[0]))
+    size = property(lambda self: math.prod(self[0]))
+    itemsize = property(lambda self: self[2].itemsize)
+    T = property(lambda self: ArraySpec(self[0][::-1], self[1][::-1], self[2]))
+
+
+@attrs.frozen
+class GemmPlan:
+    """What `prepare_gemm` derives from shapes, strides and dtypes alone."""
+
+    problem: GemmProblem
+    out_shape: tuple     # the user's (M, N): the shape of a new result
+    out_dtype: np.dtype
+    lda: int
+    ldb: int
+    ldc: int
+    transposed: bool     # computed as C^T = B^T A^T (column-major result)
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, variant: str,
+              target: str) -> GemmPlan:
+    """Every shape, dtype and layout check of a GEMM call, memoized: repeated
+    calls of one kind (the common case) skip straight to allocation and launch."""
+    src = _same_input_dtype(a.dtype, b.dtype)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
+    dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
+                            (out.dtype if out is not None else None))
+    if needs_c and c is None and out is None:
+        raise ProblemError("beta != 0 needs c (the matrix beta scales)")
+    for name, x in (("c", c), ("out", out)):
+        if x is None:
+            continue
+        if x.shape != (m, n):
+            raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
+        if dtypes.get(x.dtype) != dst:
+            raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
+    out_shape = (m, n)
+    result = out if out is not None else ArraySpec(out_shape, (n * dst.itemsize, dst.itemsize), dst.numpy)
+    la, lda = possible_layouts(a, "a")[0]
+    lb, ldb = possible_layouts(b, "b")[0]
+    lc, ldc = possible_layouts(result, "out")[0]
+    transposed = lc == "c"
+    if transposed:  # C^T = B^T A^T with row-major C^T
+        (la, lda), (lb, ldb) = (_flip(lb), ldb), (_flip(la), lda)
+        m, n = n, m
+        ldc = possible_layouts(result.T, "out")[0][1]
+    problem = GemmProblem(m, n, k, src.token, dst.token, la + lb + "r", variant, target)
+    return GemmPlan(problem, out_shape, dst.numpy, lda, ldb, ldc, transposed)
+
+
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
                  variant="regular", target="cpu", memory=HOST, allocate=None):
     """(problem, operands, result) for C = alpha*a@b + beta*c.
@@ -143,50 +219,27 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
     column-major result is computed as its row-major transpose
     (C^T = B^T A^T), so kernels only ever write row-major C.
     """
-    src = _input_dtype(a, b, memory)
-    allocate = allocate or memory.empty
-    if a.ndim != 2 or b.ndim != 2:
-        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
-    dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
-                            (out.dtype if out is not None else None))
-    if beta != 0 and c is None and out is None:
-        raise ProblemError("beta != 0 needs c (the matrix beta scales)")
-    for name, x in (("c", c), ("out", out)):
-        if x is None:
-            continue
-        if not memory.accepts(x):
+    for name, x in (("a", a), ("b", b), ("c", c), ("out", out)):
+        if x is not None and not memory.accepts(x):
             raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
-        if x.shape != (m, n):
-            raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
-        if dtypes.get(x.dtype) != dst:
-            raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
+    plan = plan_gemm(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(c), ArraySpec.of(out),
+                     beta != 0, out_dtype, variant, target)
     if c is not None:
         _check_no_alias(memory, c, "c", ("a", a), ("b", b))
     if out is not None:
         _check_no_alias(memory, out, "out", ("a", a), ("b", b))
         if not memory.writable(out):
             raise ProblemError("out is read-only")
-        possible_layouts(out, "out")
-    result = out if out is not None else allocate((m, n), dst.numpy)
+    result = out if out is not None else (allocate or memory.empty)(plan.out_shape, plan.out_dtype)
     if beta != 0 and c is not None and c is not result:
         if memory.overlaps(c, result):
             raise AliasingError("c partially overlaps out")
         memory.copy(result, c)
-
-    la, lda = possible_layouts(a, "a")[0]
-    lb, ldb = possible_layouts(b, "b")[0]
-    (lc, ldc), = possible_layouts(result, "out")[:1]
-    A, B, C = a, b, result
-    if lc == "c":  # C^T = B^T A^T with row-major C^T
-        A, B, C = b.T, a.T, result.T
-        (la, lda), (lb, ldb) = (_flip(lb), ldb), (_flip(la), lda)
-        m, n = n, m
-        ldc = possible_layouts(C, "out")[0][1]
-    problem = GemmProblem(m, n, k, src.token, dst.token, la + lb + "r", variant, target)
-    return problem, GemmOperands(A, B, C, lda, ldb, ldc, float(alpha), float(beta)), result
+    A, B, C = (b.T, a.T, result.T) if plan.transposed else (a, b, result)
+    operands = GemmOperands(A, B, C, plan.lda, plan.ldb, plan.ldc, float(alpha), float(beta))
+    return plan.problem, operands, result
 
 
 def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",

@@ -123,6 +123,8 @@ class CudaTarget:
                choices=tuple(_SCHEDULES)),
         Option("stages", 0, "mainloop pipeline stages (0: as many as shared memory holds)",
                low=0, high=8),
+        Option("swizzle", 1, "tile rasterization swizzle: tiles that run at once share operands in L2",
+               choices=(1, 2, 4, 8)),
     )
 
     def toolchain(self) -> Toolchain:
@@ -131,7 +133,8 @@ class CudaTarget:
     def name_tokens(self, opts: dict) -> str:
         sched = {"cooperative": "coop", "pingpong": "pp"}[opts["schedule"]]
         stages = opts["stages"] or "auto"
-        return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}"
+        swizzle = f"_sw{opts['swizzle']}" if opts["swizzle"] != 1 else ""
+        return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}{swizzle}"
 
     def check(self, config) -> str | None:
         o = config.target_params
@@ -146,8 +149,8 @@ class CudaTarget:
         tile_ms = (128, 256) if o["schedule"] == "cooperative" else (64, 128)
         if config.tile_m not in tile_ms:
             return f"the {o['schedule']} schedule takes tile_m in {tile_ms}"
-        if config.tile_n not in (64, 128, 160, 192, 256):
-            return "tile_n must be 64, 128, 160, 192 or 256"
+        if config.tile_n not in (64, 128, 192, 256):
+            return "tile_n must be 64, 128, 192 or 256"
         if config.tile_k * dtypes.get(config.dtype_a).itemsize not in (64, 128, 256):
             return "tile_k must span 64, 128 or 256 bytes of A (e.g. 64 for bf16, 128 for fp8)"
         if o["cluster_m"] * o["cluster_n"] > 4:
@@ -174,6 +177,7 @@ class CudaTarget:
             f"    using TileShape = cute::Shape<cute::_{config.tile_m}, cute::_{config.tile_n}, cute::_{config.tile_k}>;",
             f"    using ClusterShape = cute::Shape<cute::_{o['cluster_m']}, cute::_{o['cluster_n']}, cute::_1>;",
             f"    static constexpr int kStages = {o['stages']};",
+            f"    static constexpr int kSwizzle = {o['swizzle']};",
             f"    using MainloopSchedule = {mainloop};",
             f"    using EpilogueSchedule = {epilogue};",
             f"    using PtrArrayMainloopSchedule = {ptr_mainloop};",

@@ -215,10 +215,8 @@ class DeviceSession:
 
     def empty(self, shape, dtype):
         """An output of the kind the caller passed (torch tensor if any input was)."""
-        if self.torch_like is not None:
-            import torch
-            t = torch.empty(shape, dtype=_torch_types()[1][dtypes.get(dtype).token],
-                            device=self.torch_like.device)
+        if self.torch_like is not None:  # new_empty: same device, no device parsing
+            t = self.torch_like.new_empty(shape, dtype=_torch_types()[1][dtypes.get(dtype).token])
             return _torch_view(t)
         return DEVICE.empty(shape, dtype)
 

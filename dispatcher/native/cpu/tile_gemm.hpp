@@ -253,11 +253,19 @@ void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typenam
         if (T::a_row && rows == MR) {
             // Full sliver of row-major A: k outer, rows inner, so stores are
             // contiguous and each row is one sequential read stream (2x faster).
+            // With one stream per row the hardware prefetchers lose track on
+            // tall blocks (long-K stream-K tiles read 64+ rows at once), so
+            // the lines of the next K block are requested here, a block ahead.
             const auto* src = P.a + (i0 + s * MR) * P.lda + k0;
             const int64_t lda = P.lda;
-            for (int p = 0; p < kc; ++p)
+            constexpr int kLine = 64 / sizeof(*src);
+            const bool next_block = k0 + 2 * int64_t(kc) <= P.k;
+            for (int p = 0; p < kc; ++p) {
+                if (next_block && p % kLine == 0)
+                    for (int i = 0; i < MR; ++i) __builtin_prefetch(src + i * lda + p + kc, 0, 2);
 #pragma GCC unroll 16
                 for (int i = 0; i < MR; ++i) dst[p * MR + i] = T::A::load(src[i * lda + p]);
+            }
             continue;
         }
         for (int i = 0; i < MR; ++i) {

@@ -128,6 +128,7 @@ typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
          c, stride_with_ld<typename K::StrideC>(a->ldc),
          c, stride_with_ld<typename K::StrideD>(a->ldc)},
         hardware(a->workers)};
+    arguments.scheduler.max_swizzle_size = T::kSwizzle;
     return arguments;
 }
 

@@ -78,6 +78,7 @@ typename Gemm::Arguments arguments_of(const dispatcher_grouped_args* a, const st
         {fusion, reinterpret_cast<const T::ElementC**>(staged + s.c), reinterpret_cast<StrideC*>(staged + s.sc),
          reinterpret_cast<T::ElementC**>(staged + s.c), reinterpret_cast<StrideD*>(staged + s.sd)},
         dcuda::hardware(0)};
+    arguments.scheduler.max_swizzle_size = T::kSwizzle;
     return arguments;
 }
 
