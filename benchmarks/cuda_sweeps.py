@@ -22,12 +22,13 @@ REGULAR_TILES = [
 # against. CUTLASS's stream-K scheduler runs the cooperative schedule only.
 STREAM_K_TILES = [(128, 256, 2, 1), (128, 256, 1, 2), (256, 128, 2, 1), (128, 128, 1, 1), (128, 64, 1, 1)]
 STREAM_K_MODES = [("hybrid", "linear"), ("stream_k", "linear"), ("stream_k", "atomic"), ("data_parallel", "linear")]
-GROUPED_TILES = [
+GROUPED_TILES = [  # as REGULAR_TILES
     (128, 256, 2, 1, "cooperative"), (128, 256, 1, 2, "cooperative"), (128, 128, 2, 1, "cooperative"),
     (128, 128, 1, 1, "cooperative"), (256, 128, 2, 1, "cooperative"), (128, 256, 1, 1, "cooperative"),
     (128, 128, 1, 1, "pingpong"), (64, 256, 1, 1, "pingpong"),
     # ping-pong tiles sharing B (2x1) or A (1x2) across a cluster, and N=768 in 4 tiles
     (64, 256, 2, 1, "pingpong"), (64, 256, 1, 2, "pingpong"), (128, 192, 2, 1, "cooperative"),
+    (64, 256, 1, 1, "pingpong", 4), (128, 256, 2, 1, "cooperative", 4),
 ]
 
 
@@ -52,7 +53,8 @@ def same_tiles(config, other) -> bool:
 
 def grouped_sweep():
     return [KernelConfig.create(variant="grouped", tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn,
-                                schedule=s, **BF16) for m, n, cm, cn, s in GROUPED_TILES]
+                                schedule=s, swizzle=sw[0] if sw else 1, **BF16)
+            for m, n, cm, cn, s, *sw in GROUPED_TILES]
 
 
 def test_configs():

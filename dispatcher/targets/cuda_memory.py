@@ -86,15 +86,23 @@ _TORCH_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float
 
 @functools.lru_cache(maxsize=None)
 def _torch_types() -> tuple:
-    """({torch dtype: (numpy dtype, itemsize)}, {token: torch dtype}) of this torch."""
+    """({torch dtype: (numpy dtype, itemsize)}, {numpy dtype: torch dtype}) of this torch."""
     import torch
-    to_numpy, from_token = {}, {}
+    to_numpy, from_numpy = {}, {}
     for name, token in _TORCH_NAMES.items():
         if hasattr(torch, name):
             d = dtypes.get(token)
             to_numpy[getattr(torch, name)] = (d.numpy, d.itemsize)
-            from_token[token] = getattr(torch, name)
-    return to_numpy, from_token
+            from_numpy[d.numpy] = getattr(torch, name)
+    return to_numpy, from_numpy
+
+
+def _row_major_strides(shape, itemsize) -> list:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
 
 
 def _torch_view(x) -> DeviceArray:
@@ -204,7 +212,7 @@ class DeviceSession:
             self.stream = _torch_stream(self.torch_like)
         else:
             self.stream = _cupy().cuda.get_current_stream().ptr
-        self.arrays = tuple(self.to_device(x) for x in arrays)
+        self.arrays = tuple([self.to_device(x) for x in arrays])
 
     def to_device(self, x):
         if x is None:
@@ -216,8 +224,9 @@ class DeviceSession:
     def empty(self, shape, dtype):
         """An output of the kind the caller passed (torch tensor if any input was)."""
         if self.torch_like is not None:  # new_empty: same device, no device parsing
-            t = self.torch_like.new_empty(shape, dtype=_torch_types()[1][dtypes.get(dtype).token])
-            return _torch_view(t)
+            dtype = np.dtype(dtype)
+            t = self.torch_like.new_empty(shape, dtype=_torch_types()[1][dtype])
+            return DeviceArray(shape, _row_major_strides(shape, dtype.itemsize), dtype, t.data_ptr(), t)
         return DEVICE.empty(shape, dtype)
 
     def finish(self, result: DeviceArray, host_out=None):

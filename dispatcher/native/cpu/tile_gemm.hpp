@@ -120,6 +120,9 @@ struct Problem {
     int64_t m, n, k, lda, ldb, ldc;
     double alpha, beta;
     uint64_t generation;  // unique per launch: keys the packed-panel cache
+    // Whether a thread may run two tiles of one column back to back, so a
+    // packed B panel is worth keeping (the plugin's schedule knows).
+    bool reuse_b_panels = true;
 
     int64_t tiles_m() const { return (m + T::MC - 1) / T::MC; }
     int64_t tiles_n() const { return (n + T::NC - 1) / T::NC; }
@@ -205,10 +208,9 @@ struct Buffers {
         const size_t panel = size_t(T::KC) * T::NC;
         const size_t blocks = size_t(P.k_iters());
         // Caching pays off only if this thread computes another tile of the
-        // column: with one row block per column, or no more tiles than
-        // threads, a cached panel is written to memory and never read again
-        // (on long-K problems that doubles B's memory traffic).
-        const bool reused = P.tiles_m() > 1 && P.tiles() > omp_get_num_threads();
+        // column; else a cached panel is written to memory and never read
+        // again (on long-K problems that doubles B's memory traffic).
+        const bool reused = P.reuse_b_panels && P.tiles_m() > 1;
         const bool cacheable = reused && blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
         const size_t want = cacheable ? blocks : 1;
         if (b_capacity < want * panel) {

@@ -5,9 +5,10 @@ using T = KernelTraits;
 
 int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
-        const dcpu::Problem<T> P = dcpu::make_problem<T>(args);
+        dcpu::Problem<T> P = dcpu::make_problem<T>(args);
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers);
+        P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
         // bound to their cores keep those panels in their own caches.
