@@ -66,6 +66,29 @@ def time_call(fn, timing: TimingOptions) -> float:
     return median(measure(lambda i: fn(), timing))
 
 
+def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: float = 0.3) -> dict:
+    """{name: median seconds} of several callables, timed in alternating
+    rounds: each round warms each callable up and times a few runs of it in a
+    row (its steady state, caches warm), so a burst of load on a shared
+    machine lands on every contender alike rather than on one of them.
+
+    Each block starts after `settle` idle seconds: OpenBLAS's and OpenMP's
+    worker threads spin for a while after a call, and a contender started
+    inside that window shares its cores with them (2x slower here)."""
+    per_round = max(1, timing.repeat // rounds)
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(settle)
+            for _ in range(timing.warmup):
+                fn()
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: median(t) for name, t in times.items()}
+
+
 def write(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

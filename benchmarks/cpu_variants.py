@@ -9,6 +9,10 @@ candidates (what `dispatcher.gemm` selects without tuning).
 
 Grouped (the corpus's `grouped_fp32` case) vs a Python loop of
 `numpy.matmul` and a loop of our own regular `dispatcher.gemm` calls.
+
+Best configs are picked over the sweeps; the ratios come from re-timing the
+winners and baselines in alternating rounds (common.time_interleaved), so a
+burst of load on this shared machine cannot land on one side only.
 Writes benchmarks/results/cpu_variants.json.
 """
 
@@ -20,9 +24,11 @@ import numpy as np
 from tqdm import tqdm
 
 import dispatcher
-from common import environment, geomean, load_shapes, time_call, warn_if_openblas_throttled, write
+from common import (environment, geomean, load_shapes, time_call, time_interleaved,
+                    warn_if_openblas_throttled, write)
 from dispatcher.api import Dispatcher
 from dispatcher.cli import run_once
+from dispatcher.problem import prepare_gemm
 from dispatcher.timing import TimingOptions
 from regular_gemm.plugin import CPU_DEFAULTS as REGULAR_DEFAULTS
 
@@ -44,25 +50,46 @@ def sweep(variant, tiles):
 
 
 def best(d, variant, configs, shape, timing):
+    """(verified row, config) of the fastest config."""
     m, n, k = shape
     rows = [run_once(d, variant=variant, m=m, n=n, k=k, layout="rrr", config=c, timing=timing,
                      verify=True, strict=True) for c in configs]
     assert all(r["verified"] for r in rows), [r for r in rows if not r["verified"]]
-    return max(rows, key=lambda r: r["gflops"])
+    i = max(range(len(rows)), key=lambda j: rows[j]["gflops"])
+    return rows[i], configs[i]
+
+
+def launcher(d, variant, config, a, b):
+    """A callable that launches `config` on prepared operands (no Python-side preparation)."""
+    problem, operands, _ = prepare_gemm(a, b, variant=variant)
+    problem, chosen = d.run_or_fall_back(problem, operands, config, strict=True)
+    library = d.library(chosen)
+    return lambda: d.launch(library, problem, operands)
 
 
 def bench_stream_k(d, shapes, timing):
+    """Each variant's best config is picked over the sweep, then the winners
+    are re-timed in alternation for the ratios."""
     rows = []
+    rng = np.random.default_rng(0)
     for shape in tqdm(shapes, desc="stream_k", unit="shape"):
-        sk = best(d, "stream_k", sweep("stream_k", TILES), shape, timing)
-        reg = best(d, "regular", sweep("regular", TILES), shape, timing)
-        reg_default = best(d, "regular", list(REGULAR_DEFAULTS), shape, timing)
-        row = {"M": shape[0], "N": shape[1], "K": shape[2],
-               "stream_k_gflops": round(sk["gflops"], 1), "stream_k_kernel": sk["kernel"],
-               "regular_best_gflops": round(reg["gflops"], 1), "regular_best_kernel": reg["kernel"],
-               "regular_default_gflops": round(reg_default["gflops"], 1),
-               "ratio_vs_regular_best": round(sk["gflops"] / reg["gflops"], 3),
-               "ratio_vs_regular_default": round(sk["gflops"] / reg_default["gflops"], 3)}
+        m, n, k = shape
+        (_, sk), (_, reg), (_, reg_default) = (
+            best(d, "stream_k", sweep("stream_k", TILES), shape, timing),
+            best(d, "regular", sweep("regular", TILES), shape, timing),
+            best(d, "regular", list(REGULAR_DEFAULTS), shape, timing))
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        t = time_interleaved({"stream_k": launcher(d, "stream_k", sk, a, b),
+                              "regular_best": launcher(d, "regular", reg, a, b),
+                              "regular_default": launcher(d, "regular", reg_default, a, b)}, timing)
+        gflops = {name: 2.0 * m * n * k / seconds / 1e9 for name, seconds in t.items()}
+        row = {"M": m, "N": n, "K": k,
+               "stream_k_gflops": round(gflops["stream_k"], 1), "stream_k_config": sk,
+               "regular_best_gflops": round(gflops["regular_best"], 1), "regular_best_config": reg,
+               "regular_default_gflops": round(gflops["regular_default"], 1),
+               "ratio_vs_regular_best": round(t["regular_best"] / t["stream_k"], 3),
+               "ratio_vs_regular_default": round(t["regular_default"] / t["stream_k"], 3)}
         rows.append(row)
         tqdm.write(f"stream_k {shape}: {row['stream_k_gflops']} GFLOP/s, "
                    f"{row['ratio_vs_regular_best']}x best regular, "
@@ -80,23 +107,26 @@ def bench_grouped(d, case, timing, seed):
     flops = sum(2.0 * m * n * k for m in ms)
     candidates = [dict(tile_m=tm, tile_n=tn, tile_k=256)
                   for tm, tn in ((48, 512), (120, 512), (96, 128), (48, 128), (96, 256), (48, 256))]
-    grouped = {}
+    sweep_seconds = []
     for cfg in candidates:
         dispatcher.grouped_gemm(As, Bs, config=cfg, dispatcher=d)  # build outside the timing
-        grouped[str(cfg)] = time_call(lambda: dispatcher.grouped_gemm(As, Bs, config=cfg, dispatcher=d), timing)
-    best_cfg = min(grouped, key=grouped.get)
-    outs = dispatcher.grouped_gemm(As, Bs, config=eval(best_cfg), dispatcher=d)
+        sweep_seconds.append(time_call(lambda: dispatcher.grouped_gemm(As, Bs, config=cfg, dispatcher=d), timing))
+    best_cfg = candidates[int(np.argmin(sweep_seconds))]
+    outs = dispatcher.grouped_gemm(As, Bs, config=best_cfg, dispatcher=d)
     max_rel = max(dispatcher.verify.max_rel(o, a.astype(np.float64) @ b) for o, a, b in zip(outs, As, Bs))
     for a, b in zip(As, Bs):
         dispatcher.gemm(a, b, dispatcher=d)  # build the regular kernels outside the timing
-    numpy_loop = time_call(lambda: [a @ b for a, b in zip(As, Bs)], timing)
-    ours_loop = time_call(lambda: [dispatcher.gemm(a, b, dispatcher=d) for a, b in zip(As, Bs)], timing)
+    t = time_interleaved({
+        "grouped": lambda: dispatcher.grouped_gemm(As, Bs, config=best_cfg, dispatcher=d),
+        "numpy_loop": lambda: [a @ b for a, b in zip(As, Bs)],
+        "our_loop": lambda: [dispatcher.gemm(a, b, dispatcher=d) for a, b in zip(As, Bs)]}, timing)
+    grouped_s, numpy_loop, ours_loop = t["grouped"], t["numpy_loop"], t["our_loop"]
     results = {"groups": int(case["groups"]), "m": [int(m) for m in ms], "n": n, "k": k,
-               "grouped_best_config": best_cfg, "grouped_gflops": round(flops / grouped[best_cfg] / 1e9, 1),
+               "grouped_best_config": best_cfg, "grouped_gflops": round(flops / grouped_s / 1e9, 1),
                "numpy_loop_gflops": round(flops / numpy_loop / 1e9, 1),
                "our_regular_loop_gflops": round(flops / ours_loop / 1e9, 1),
-               "ratio_vs_numpy_loop": round(numpy_loop / grouped[best_cfg], 3),
-               "ratio_vs_our_regular_loop": round(ours_loop / grouped[best_cfg], 3),
+               "ratio_vs_numpy_loop": round(numpy_loop / grouped_s, 3),
+               "ratio_vs_our_regular_loop": round(ours_loop / grouped_s, 3),
                "max_rel": max_rel}
     print(f"grouped {case['groups']} groups: {results['grouped_gflops']} GFLOP/s, "
           f"{results['ratio_vs_numpy_loop']}x numpy loop, {results['ratio_vs_our_regular_loop']}x our loop")
