@@ -138,3 +138,24 @@ def test_cuda_without_gpu_message_is_clear(monkeypatch):
     monkeypatch.setattr(cuda.CudaTarget, "available", lambda self: False)
     with pytest.raises(errors.ToolchainError, match="needs an NVIDIA GPU"):
         dispatcher.gemm(np.ones((8, 8), np.float16), np.ones((8, 8), np.float16), target="cuda")
+
+
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_repeated_calls_reuse_params_only_for_the_same_call(variant, gen):
+    """A kernel keeps the params of its last call per thread: alternating
+    operand sets, alpha, and new data in the same buffers must all be right."""
+    m, n, k = 256, 384, 512
+    cfg = config(variant, "bf16", "rcr")
+    pairs = [(operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "c", gen)) for _ in range(2)]
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    for alpha, (a, b) in [(1.0, pairs[0]), (1.0, pairs[1]), (1.0, pairs[0]), (0.5, pairs[0])]:
+        for _ in range(2):  # the second call repeats the first exactly
+            out.fill_(float("nan"))
+            dispatcher.gemm(a, b, out=out, alpha=alpha, variant=variant, target="cuda", config=cfg)
+            torch.cuda.synchronize()
+            assert max_rel(out.float().cpu().numpy(), reference(a, b, alpha)) <= tolerance(cfg, k)
+    a, b = pairs[0]
+    a.copy_(operand(m, k, "bf16", "r", gen))  # same buffers, new contents
+    dispatcher.gemm(a, b, out=out, variant=variant, target="cuda", config=cfg)
+    torch.cuda.synchronize()
+    assert max_rel(out.float().cpu().numpy(), reference(a, b)) <= tolerance(cfg, k)

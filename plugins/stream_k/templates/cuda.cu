@@ -26,8 +26,7 @@ int run(const dispatcher_gemm_args* a) {
     return dcuda::guarded([&] {
         dcuda::check_args<T>(a);
         auto arguments = arguments_of(a);
-        return dcuda::run_gemm<Gemm>(arguments, a->workspace, a->workspace_bytes,
-                                     static_cast<cudaStream_t>(a->stream));
+        return dcuda::run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
     });
 }
 }  // namespace
