@@ -52,13 +52,13 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
         Bs = [random_matrix(gk, gn, dtype, layout[1], rng) for _, gn, gk in shapes]
         problem, operands, results = prepare_grouped(As, Bs, out_dtype=out_dtype, variant=variant,
                                                      target=target)
-        refs = [reference(a, b) for a, b in zip(As, Bs)]
+        pairs = list(zip(As, Bs))
     else:
         a = random_matrix(m, k, dtype, layout[0], rng)
         b = random_matrix(k, n, dtype, layout[1], rng)
         problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
                                                  target=target)
-        results, refs = [result], [reference(a, b)]
+        results, pairs = [result], [(a, b)]
     problem, chosen = d.run_or_fall_back(problem, operands, config or None, strict=strict)
     library = d.library(chosen)
     times = measure(lambda i: d.launch(library, problem, operands), timing)
@@ -67,7 +67,9 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
            "layout": problem.layout, "problem": [list(s) for s in problem.shapes],
            "latency_ms": seconds * 1e3, "gflops": problem.flops / seconds / 1e9,
            "repeat": timing.repeat}
-    if verify:
+    if verify:  # after the timing: the reference runs on OpenBLAS, whose threads spin on
+        # after a call and would share the cores with the kernel being timed
+        refs = [reference(a, b) for a, b in pairs]
         for r in results:
             r[...] = np.nan if r.dtype.kind == "f" or r.dtype.kind == "V" else 0
         d.launch(library, problem, operands)

@@ -7,6 +7,8 @@ only differences left are the kernel's accumulation and output rounding.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import dtypes
@@ -24,9 +26,18 @@ def random_matrix(rows: int, cols: int, dtype, layout: str = "r", rng=None) -> n
     return np.asfortranarray(x) if layout == "c" else np.ascontiguousarray(x)
 
 
+@functools.lru_cache(maxsize=None)
+def _blas():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
+
 def reference(a, b, c=None, alpha=1.0, beta=0.0) -> np.ndarray:
-    """alpha * a @ b + beta * c in float64."""
-    ref = alpha * (a.astype(np.float64) @ b.astype(np.float64))
+    """alpha * a @ b + beta * c in float64, on one BLAS thread: a threaded BLAS
+    leaves its threads spinning for a while after a call, and a kernel timed
+    next would share the cores with them (2x slower on 2 cores)."""
+    with _blas().limit(limits=1, user_api="blas"):
+        ref = alpha * (a.astype(np.float64) @ b.astype(np.float64))
     if beta:
         ref = ref + beta * c.astype(np.float64)
     return ref
