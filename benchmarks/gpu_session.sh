@@ -3,7 +3,7 @@
 # a build cache made here, then the GPU tests, a profile of the per-call path
 # and the whole CUDA benchmark, writing everything under $OUT.
 #
-#   pip wheel --no-deps -w .whl . && pip download --no-deps -d .whl nvidia-cutlass
+#   pip wheel --no-deps -w .whl . && pip download --no-deps -d .whl nvidia-cutlass threadpoolctl
 #   DISPATCHER_CACHE_DIR=.carry/cache python benchmarks/build_cuda.py --set all --pack .carry/pack/cache.tar.xz
 #   OUT=/some/dir bash benchmarks/gpu_session.sh      # on the GPU machine
 set -u
