@@ -103,16 +103,14 @@ class Dispatcher:
             return self._libraries[config]
 
     def run(self, problem, operands, config=None, options=None):
-        _, library = (self.ready(problem) if config is None else
-                      self._with_library(self.config_matching(problem, config)))
+        _, library = self._chosen(problem, config)
         return self.launch(library, problem, operands, options)
 
     def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False):
         """`run`, but a selected kernel's status -2 retries with the variant's
         fallback (stream-K -> regular) unless `strict` or a config was given.
         Returns the (problem, config) that ran."""
-        chosen, library = (self.ready(problem) if config is None else
-                           self._with_library(self.config_matching(problem, config)))
+        chosen, library = self._chosen(problem, config)
         try:
             self.launch(library, problem, operands, options)
             return problem, chosen
@@ -130,10 +128,15 @@ class Dispatcher:
         per-call path of `gemm` on a known problem is one dict lookup."""
         found = self._ready.get(problem)
         if found is None:
-            found = self._ready[problem] = self._with_library(self.select(problem))
+            config = self.select(problem)
+            found = self._ready[problem] = (config, self.library(config))
         return found
 
-    def _with_library(self, config) -> tuple:
+    def _chosen(self, problem, config) -> tuple:
+        """(config, library): the selected one, or `config` checked against the problem."""
+        if config is None:
+            return self.ready(problem)
+        config = self.config_matching(problem, config)
         return config, self.library(config)
 
     def config_matching(self, problem, config) -> KernelConfig:

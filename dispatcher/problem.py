@@ -118,10 +118,14 @@ def _flip(layout_char: str) -> str:
     return "c" if layout_char == "r" else "r"
 
 
-def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
-    for name, x in (("a", a), ("b", b)):
-        if not memory.accepts(x):
+def _check_memory(memory, *named):
+    for name, x in named:
+        if x is not None and not memory.accepts(x):
             raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
+
+
+def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
+    _check_memory(memory, ("a", a), ("b", b))
     return _same_input_dtype(a.dtype, b.dtype)
 
 
@@ -167,7 +171,6 @@ class GemmPlan:
     """What `prepare_gemm` derives from shapes, strides and dtypes alone."""
 
     problem: GemmProblem
-    out_shape: tuple     # the user's (M, N): the shape of a new result
     out_dtype: np.dtype
     lda: int
     ldb: int
@@ -197,8 +200,7 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
             raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
         if dtypes.get(x.dtype) != dst:
             raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
-    out_shape = (m, n)
-    result = out if out is not None else ArraySpec(out_shape, (n * dst.itemsize, dst.itemsize), dst.numpy)
+    result = out if out is not None else ArraySpec((m, n), (n * dst.itemsize, dst.itemsize), dst.numpy)
     la, lda = possible_layouts(a, "a")[0]
     lb, ldb = possible_layouts(b, "b")[0]
     lc, ldc = possible_layouts(result, "out")[0]
@@ -208,7 +210,7 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
         m, n = n, m
         ldc = possible_layouts(result.T, "out")[0][1]
     problem = GemmProblem(m, n, k, src.token, dst.token, la + lb + "r", variant, target)
-    return GemmPlan(problem, out_shape, dst.numpy, lda, ldb, ldc, transposed)
+    return GemmPlan(problem, dst.numpy, lda, ldb, ldc, transposed)
 
 
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
@@ -219,9 +221,7 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
     column-major result is computed as its row-major transpose
     (C^T = B^T A^T), so kernels only ever write row-major C.
     """
-    for name, x in (("a", a), ("b", b), ("c", c), ("out", out)):
-        if x is not None and not memory.accepts(x):
-            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
+    _check_memory(memory, ("a", a), ("b", b), ("c", c), ("out", out))
     if out_dtype is not None:
         out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
     plan = plan_gemm(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(c), ArraySpec.of(out),
@@ -232,7 +232,10 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
         _check_no_alias(memory, out, "out", ("a", a), ("b", b))
         if not memory.writable(out):
             raise ProblemError("out is read-only")
-    result = out if out is not None else (allocate or memory.empty)(plan.out_shape, plan.out_dtype)
+    if out is None:  # a new result is row-major, so the plan is not transposed
+        result = (allocate or memory.empty)((plan.problem.m, plan.problem.n), plan.out_dtype)
+    else:
+        result = out
     if beta != 0 and c is not None and c is not result:
         if memory.overlaps(c, result):
             raise AliasingError("c partially overlaps out")

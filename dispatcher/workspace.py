@@ -28,5 +28,14 @@ class Workspaces(threading.local):
         from .library import data_pointer
         return data_pointer(buf)
 
+    def attach(self, library, args, stream: int = 0) -> int:
+        """Point an ABI struct (GemmArgs or GroupedArgs) at a zeroed workspace
+        of the size the kernel asks for; returns that size."""
+        from . import targets
+        nbytes = library.workspace_size(args)
+        args.workspace = self.get(targets.get(library.config.target).memory, nbytes, stream) or None
+        args.workspace_bytes = nbytes
+        return nbytes
+
 
 WORKSPACES = Workspaces()

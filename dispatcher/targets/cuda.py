@@ -136,6 +136,11 @@ class CudaTarget:
         swizzle = f"_sw{opts['swizzle']}" if opts["swizzle"] != 1 else ""
         return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}{swizzle}"
 
+    def default_tile_k(self, dtype: str) -> int:
+        """The tile_k whose A row spans 128 bytes (64 bf16, 128 fp8): what the
+        variants' default configs use."""
+        return 128 // dtypes.get(dtype).itemsize
+
     def check(self, config) -> str | None:
         o = config.target_params
         if config.dtype_a not in INPUT_DTYPES:

@@ -131,8 +131,7 @@ def view(x) -> DeviceArray:
     iface = x.__cuda_array_interface__
     dtype = np.dtype(iface["typestr"])
     shape = iface["shape"]
-    strides = iface.get("strides") or tuple(
-        int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+    strides = iface.get("strides") or _row_major_strides(shape, dtype.itemsize)
     return DeviceArray(shape, strides, dtype, iface["data"][0], x)
 
 

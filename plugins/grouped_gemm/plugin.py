@@ -38,7 +38,7 @@ CUDA_DEFAULTS = (
 
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return [dict(d, tile_k=128 // dtypes.get(dtype).itemsize) for d in CUDA_DEFAULTS]
+        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 
@@ -72,8 +72,6 @@ def dispatcher_launch(library, problem, operands, options):
         return None
     stream = options.get("stream", 0)
     call = GroupedCall(operands, stream=stream)
-    nbytes = library.workspace_size(call.args)
-    call.args.workspace = WORKSPACES.get(targets.get(library.config.target).memory, nbytes, stream) or None
-    call.args.workspace_bytes = nbytes
+    WORKSPACES.attach(library, call.args, stream)
     library.run_grouped(call.args)  # direct call: no registry table
     return LaunchResult(library.name)

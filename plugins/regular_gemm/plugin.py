@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher import dtypes
+from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
@@ -36,13 +36,9 @@ CUDA_DEFAULTS = (
 )
 
 
-def cuda_tile_k(dtype: str) -> int:
-    return 128 // dtypes.get(dtype).itemsize
-
-
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return [dict(d, tile_k=cuda_tile_k(dtype)) for d in CUDA_DEFAULTS]
+        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 

@@ -72,7 +72,7 @@ def check(config):
 
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return [dict(d, tile_k=128 // dtypes.get(dtype).itemsize) for d in CUDA_DEFAULTS]
+        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
     if target != "cpu":
         return []
     out_default = dtypes.output_for(dtype).token
@@ -125,9 +125,6 @@ def dispatcher_launch(library, problem, operands, options):
         return None
     workers, stream = options.get("workers", 0), options.get("stream", 0)
     args = gemm_args(operands, workers=workers, stream=stream)
-    nbytes = library.workspace_size(args)
-    memory = targets.get(library.config.target).memory
-    args.workspace = WORKSPACES.get(memory, nbytes, stream) or None  # grown on demand, zeroed
-    args.workspace_bytes = nbytes
+    nbytes = WORKSPACES.attach(library, args, stream)  # grown on demand, zeroed
     library.run_gemm(args)  # direct call: no registry table
     return LaunchResult(library.name, workspace_bytes=nbytes)
