@@ -203,6 +203,12 @@ struct Buffers {
         }
         return buffers;
     }
+    // Whether the panel of the K block at kb of column j0 is packed already
+    // (cached by an earlier tile of this launch), so its source need not be read.
+    bool b_packed_already(const Problem<T>& P, int64_t j0, int64_t kb) const {
+        const size_t block = size_t(kb / T::KC);
+        return b_generation == P.generation && b_column == j0 && block < b_blocks && b_packed[block];
+    }
     // The packed panel of K block `block` of column j0, packing it if needed.
     const Acc* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
         const size_t panel = size_t(T::KC) * T::NC;
@@ -255,19 +261,11 @@ void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typenam
         if (T::a_row && rows == MR) {
             // Full sliver of row-major A: k outer, rows inner, so stores are
             // contiguous and each row is one sequential read stream (2x faster).
-            // With one stream per row the hardware prefetchers lose track on
-            // tall blocks (long-K stream-K tiles read 64+ rows at once), so
-            // the lines of the next K block are requested here, a block ahead.
             const auto* src = P.a + (i0 + s * MR) * P.lda + k0;
             const int64_t lda = P.lda;
-            constexpr int kLine = 64 / sizeof(*src);
-            const bool next_block = k0 + 2 * int64_t(kc) <= P.k;
-            for (int p = 0; p < kc; ++p) {
-                if (next_block && p % kLine == 0)
-                    for (int i = 0; i < MR; ++i) __builtin_prefetch(src + i * lda + p + kc, 0, 2);
+            for (int p = 0; p < kc; ++p)
 #pragma GCC unroll 16
                 for (int i = 0; i < MR; ++i) dst[p * MR + i] = T::A::load(src[i * lda + p]);
-            }
             continue;
         }
         for (int i = 0; i < MR; ++i) {
@@ -325,13 +323,66 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typenam
     }
 }
 
+// ------------------------------------------------------------- prefetch ----
+// Packing reads its operands from memory, and a thread packs and computes in
+// turn, so unhidden packing costs as much as the arithmetic on long-K
+// problems (measured: 64x64x262144 fp32 spends half its time packing). While
+// one K block computes, the micro-kernel requests the next block's source
+// lines into L2, one line per k step, so the next packing reads from cache.
+struct Region {  // `rows` runs of `bytes` bytes, `stride` bytes apart
+    const char* base = nullptr;
+    int64_t rows = 0, bytes = 0, stride = 0;
+};
+
+class LinePrefetcher {
+  public:
+    static constexpr int64_t kLine = 64;
+    LinePrefetcher() : region_(2) {}
+    LinePrefetcher(Region first, Region second) : regions_{first, second} { skip_empty(); }
+    inline void next() {
+        if (region_ == 2) return;
+        const Region& r = regions_[region_];
+        __builtin_prefetch(r.base + row_ * r.stride + offset_, 0, 2);
+        offset_ += kLine;
+        if (offset_ >= r.bytes) {
+            offset_ = 0;
+            if (++row_ == r.rows) row_ = 0, ++region_, skip_empty();
+        }
+    }
+
+  private:
+    void skip_empty() {
+        while (region_ < 2 && (regions_[region_].rows == 0 || regions_[region_].bytes == 0)) ++region_;
+    }
+    Region regions_[2];
+    int region_ = 0;  // 2: done (a default prefetcher requests nothing)
+    int64_t row_ = 0, offset_ = 0;
+};
+
+// The source lines of the (kc x mc) A block and (kc x nc) B block at k0.
+template <class T>
+Region a_region(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc) {
+    constexpr int64_t sz = sizeof(typename T::A::storage);
+    if (T::a_row)
+        return {reinterpret_cast<const char*>(P.a + i0 * P.lda + k0), mc, kc * sz, P.lda * sz};
+    return {reinterpret_cast<const char*>(P.a + k0 * P.lda + i0), kc, mc * sz, P.lda * sz};
+}
+
+template <class T>
+Region b_region(const Problem<T>& P, int64_t j0, int nc, int64_t k0, int kc) {
+    constexpr int64_t sz = sizeof(typename T::B::storage);
+    if (T::b_row)
+        return {reinterpret_cast<const char*>(P.b + k0 * P.ldb + j0), kc, nc * sz, P.ldb * sz};
+    return {reinterpret_cast<const char*>(P.b + j0 * P.ldb + k0), nc, kc * sz, P.ldb * sz};
+}
+
 // ----------------------------------------------------------- micro-kernel ----
 // MR x NR outer products over kc steps, every accumulator in a register.
 // Written with GCC vector extensions so -march picks the instructions.
 template <class T>
 inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
                          const typename T::Acc* __restrict bp, typename T::Acc* __restrict c,
-                         int64_t ldc, bool accumulate) {
+                         int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
     using Acc = typename T::Acc;
     constexpr int VL = T::vec_bytes / sizeof(Acc);
     constexpr int NV = T::NR / VL;
@@ -349,6 +400,7 @@ inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
                 acc[i][v] = vec{};
         }
     for (int p = 0; p < kc; ++p) {
+        prefetch.next();
         vec b[NV];
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL, sizeof(vec));
@@ -381,11 +433,20 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
         const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
+        LinePrefetcher prefetch;
+        if (const int64_t next = kb + T::KC; next < k1) {
+            const int next_kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - next));
+            prefetch = LinePrefetcher(a_region(P, i0, mc, next, next_kc),
+                                      buf.b_packed_already(P, j0, next)
+                                          ? Region{}
+                                          : b_region(P, j0, nc, next, next_kc));
+        }
         for (int sn = 0; sn < n_slivers; ++sn)
             for (int sm = 0; sm < m_slivers; ++sm)
                 micro_kernel<T>(kc, buf.a_panel.get() + size_t(sm) * kc * T::MR,
                                 b_panel + size_t(sn) * kc * T::NR,
-                                acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add);
+                                acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add,
+                                prefetch);
     }
 }
 
