@@ -155,7 +155,8 @@ def main():
         # The ceiling the ratios live under: the fastest any kernel ran in
         # this run (the square shape, compute-bound on both cores).
         "fastest_gflops_this_run": max(max(r["stream_k_gflops"], r["regular_best_gflops"]) for r in sk_rows),
-        "grouped_gflops_needed_for_1_5x_our_loop": [round(1.5 * g["our_regular_loop_gflops"], 1) for g in grouped],
+        "grouped_gflops_needed_for_1_5x_our_loop": [round(1.5 * float(g["our_regular_loop_gflops"]), 1) for g in grouped],
+        "stream_k_gflops_needed_for_1_6x_regular_best": [round(1.6 * r["regular_best_gflops"], 1) for r in long_k],
     }
     path = write(args.out, {"environment": environment(),
                             "timing": {"warmup": 2, "repeat": args.repeat, "statistic": "median"},

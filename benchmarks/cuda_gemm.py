@@ -13,7 +13,8 @@ medians of --repeat runs, L2 flushed before each. Shapes: the GPU corpus of
   (its data_parallel rows; then also regular kernels of its tiles; then the
   best regular config of any tile), and / torch.matmul
 - grouped: best config / a loop of torch.matmul over the groups (and
-  torch._grouped_mm where this torch has it)
+  torch._grouped_mm where this torch has it); as a ceiling, one torch.matmul
+  of the groups' A stacked over one shared B, the same FLOPs in one GEMM
 - overhead: wall time per `dispatcher.gemm` call on 256^3 tensors vs torch.matmul's,
   and of the launch step alone
 """
@@ -158,7 +159,13 @@ def bench_grouped(r, cases):
         Bs = [(torch.rand(n, k, generator=g, device="cuda") - 0.5).to(torch.bfloat16).t() for m, n, k in groups]
         flops = sum(2.0 * m * n * k for m, n, k in groups)
         t_loop = time_fn(lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)], r.timing)
-        t_gmm = None
+        t_gmm = t_stacked = None
+        if len({(n, k) for _, n, k in groups}) == 1:
+            # The ceiling: the same FLOPs as one cuBLAS GEMM of the groups'
+            # A stacked over one shared B (fewer bytes, no per-group tails).
+            # No grouped kernel is expected to beat it.
+            a_cat, b0 = torch.cat(As), Bs[0]
+            t_stacked = time_fn(lambda: torch.matmul(a_cat, b0), r.timing)
         if hasattr(torch, "_grouped_mm") and len({(n, k) for _, n, k in groups}) == 1:
             try:
                 a_cat = torch.cat(As)
@@ -186,10 +193,17 @@ def bench_grouped(r, cases):
         row = {"case": case["name"], "groups": len(groups), "gflops": flops / t / 1e9, "best": best,
                "ms": t * 1e3, "torch_loop_ms": t_loop * 1e3, "ratio_vs_torch_loop": t_loop / t,
                "max_rel": timed[best][1], "all_ms": {k_: v[0] * 1e3 for k_, v in timed.items()}}
+        if t_stacked is not None:
+            row["torch_stacked_ms"] = t_stacked * 1e3
+            row["torch_stacked_tflops"] = flops / t_stacked / 1e12
+            row["torch_stacked_vs_torch_loop"] = t_loop / t_stacked
         if t_gmm is not None:
             row["torch_grouped_mm_ms"] = t_gmm * 1e3
             row["ratio_vs_torch_grouped_mm"] = t_gmm / t
         rows.append(row)
+        if t_stacked is not None:
+            print(f"grouped {case['name']} ceiling: one stacked torch.matmul is "
+                  f"{row['torch_stacked_vs_torch_loop']:.3f}x the loop", flush=True)
         print(f"grouped {case['name']}: {row['ratio_vs_torch_loop']:.3f}x torch loop"
               + (f", {row['ratio_vs_torch_grouped_mm']:.3f}x torch._grouped_mm" if t_gmm else ""), flush=True)
     return rows
@@ -291,6 +305,8 @@ def main():
             summary[f"stream_k_geomean_vs_{key}"] = geomean(x["ratio_vs_" + key] for x in result["stream_k"])
     if result.get("grouped"):
         summary["grouped_vs_torch_loop"] = [x["ratio_vs_torch_loop"] for x in result["grouped"]]
+        summary["grouped_ceiling_stacked_torch_vs_torch_loop"] = [
+            x.get("torch_stacked_vs_torch_loop") for x in result["grouped"]]
     result["summary"] = summary
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
