@@ -169,9 +169,12 @@ def test_cpu_fake_device_list_merges_results(tmp_path):
     assert len(rows) == len(keys) == 6 * len(SMALL_PROBLEMS)
     assert {r["device"] for r in rows} == {"cpu:0", "cpu:1"}
     assert all(r["status"] == "ok" for r in rows)
-    again = sweep_cli(tmp_path, {"tile_m": {"values": [12]}, "tile_n": {"values": [32]},
+    kernels = Path(os.environ["DISPATCHER_CACHE_DIR"]) / "kernels"
+    cached = set(kernels.iterdir())
+    again = sweep_cli(tmp_path, {"tile_m": {"values": [60]}, "tile_n": {"values": [32]},
                                  "tile_k": {"values": [32]}}, "--variant", "regular", "--out", str(out))
     assert again.returncode == 2 and "--resume" in again.stderr  # no silent duplicates
+    assert set(kernels.iterdir()) == cached  # refused before building anything
     bad = sweep_cli(tmp_path, {"tile_m": {"values": [12]}}, "--devices", "a,b", "--out", str(tmp_path / "o2"))
     assert bad.returncode == 2 and "--devices wants device ids" in bad.stderr
 

@@ -56,6 +56,11 @@ def run(o: SweepOptions) -> dict:
     for reason, count in plan.reasons().most_common():
         say(f"  filtered {count}: {reason}")
 
+    done = results.done_keys(o.out)  # checked before building: a refusal should not cost a build
+    if done and not o.resume:
+        raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
+                              "add --resume to continue that sweep, or choose another --out")
+
     built, build_failures = builder.build_all(plan.configs, o.workers, o.progress)
     for name, error in build_failures:
         say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
@@ -63,10 +68,6 @@ def run(o: SweepOptions) -> dict:
     if not configs:
         raise DispatcherError("no kernel of the sweep was built")
 
-    done = results.done_keys(o.out)
-    if done and not o.resume:
-        raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
-                              "add --resume to continue that sweep, or choose another --out")
     devices = runner.parse_devices(o.devices, o.target)
     writer = results.ResultWriter(o.out, kind, o.target)
     todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
