@@ -359,21 +359,14 @@ class LinePrefetcher {
     int64_t row_ = 0, offset_ = 0;
 };
 
-// The source lines of the (kc x mc) A block and (kc x nc) B block at k0.
-template <class T>
-Region a_region(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc) {
-    constexpr int64_t sz = sizeof(typename T::A::storage);
-    if (T::a_row)
-        return {reinterpret_cast<const char*>(P.a + i0 * P.lda + k0), mc, kc * sz, P.lda * sz};
-    return {reinterpret_cast<const char*>(P.a + k0 * P.lda + i0), kc, mc * sz, P.lda * sz};
-}
-
-template <class T>
-Region b_region(const Problem<T>& P, int64_t j0, int nc, int64_t k0, int kc) {
-    constexpr int64_t sz = sizeof(typename T::B::storage);
-    if (T::b_row)
-        return {reinterpret_cast<const char*>(P.b + k0 * P.ldb + j0), kc, nc * sz, P.ldb * sz};
-    return {reinterpret_cast<const char*>(P.b + j0 * P.ldb + k0), nc, kc * sz, P.ldb * sz};
+// The source lines of block [r0, r0 + rows) x [c0, c0 + cols) of a matrix
+// with leading dimension ld, stored row- or column-major.
+template <class S>
+Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int64_t rows, int64_t c0,
+                    int64_t cols) {
+    constexpr int64_t sz = sizeof(S);
+    if (row_major) return {reinterpret_cast<const char*>(matrix + r0 * ld + c0), rows, cols * sz, ld * sz};
+    return {reinterpret_cast<const char*>(matrix + c0 * ld + r0), cols, rows * sz, ld * sz};
 }
 
 // ----------------------------------------------------------- micro-kernel ----
@@ -436,10 +429,10 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         LinePrefetcher prefetch;
         if (const int64_t next = kb + T::KC; next < k1) {
             const int next_kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - next));
-            prefetch = LinePrefetcher(a_region(P, i0, mc, next, next_kc),
+            prefetch = LinePrefetcher(block_region(P.a, P.lda, T::a_row, i0, mc, next, next_kc),
                                       buf.b_packed_already(P, j0, next)
                                           ? Region{}
-                                          : b_region(P, j0, nc, next, next_kc));
+                                          : block_region(P.b, P.ldb, T::b_row, next, next_kc, j0, nc));
         }
         for (int sn = 0; sn < n_slivers; ++sn)
             for (int sm = 0; sm < m_slivers; ++sm)
