@@ -81,8 +81,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "probe.cpp", Path(tmp) / "probe"
         src.write_text(PROBE)
-        subprocess.run([toolchain.compiler, "-O3", "-march=native", "-fopenmp",
-                        f"-DVEC_BYTES={vector_bytes()}", str(src), "-o", str(exe)], check=True)
+        flags = [f for f in toolchain.flags if f != "-shared"]  # the kernels' flags, for a program
+        subprocess.run([toolchain.compiler, *flags, f"-DVEC_BYTES={vector_bytes()}", str(src), "-o", str(exe)],
+                       check=True)
         lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
     rows = [line.split() for line in lines if line.strip()]
     threads = int(rows[0][0])

@@ -160,21 +160,20 @@ def bench_grouped(r, cases):
         flops = sum(2.0 * m * n * k for m, n, k in groups)
         t_loop = time_fn(lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)], r.timing)
         t_gmm = t_stacked = None
-        if len({(n, k) for _, n, k in groups}) == 1:
+        if len({(n, k) for _, n, k in groups}) == 1:  # one N and K: the groups stack along M
+            a_cat = torch.cat(As)
             # The ceiling: the same FLOPs as one cuBLAS GEMM of the groups'
             # A stacked over one shared B (fewer bytes, no per-group tails).
             # No grouped kernel is expected to beat it.
-            a_cat, b0 = torch.cat(As), Bs[0]
-            t_stacked = time_fn(lambda: torch.matmul(a_cat, b0), r.timing)
-        if hasattr(torch, "_grouped_mm") and len({(n, k) for _, n, k in groups}) == 1:
-            try:
-                a_cat = torch.cat(As)
-                b_stack = torch.stack([b for b in Bs])
-                offs = torch.tensor(np.cumsum([m for m, _, _ in groups]), device="cuda", dtype=torch.int32)
-                torch._grouped_mm(a_cat, b_stack, offs=offs)
-                t_gmm = time_fn(lambda: torch._grouped_mm(a_cat, b_stack, offs=offs), r.timing)
-            except Exception as e:  # not every torch build has it for these layouts
-                print(f"torch._grouped_mm unavailable: {e}", flush=True)
+            t_stacked = time_fn(lambda: torch.matmul(a_cat, Bs[0]), r.timing)
+            if hasattr(torch, "_grouped_mm"):
+                try:
+                    b_stack = torch.stack(Bs)
+                    offs = torch.tensor(np.cumsum([m for m, _, _ in groups]), device="cuda", dtype=torch.int32)
+                    torch._grouped_mm(a_cat, b_stack, offs=offs)
+                    t_gmm = time_fn(lambda: torch._grouped_mm(a_cat, b_stack, offs=offs), r.timing)
+                except Exception as e:  # not every torch build has it for these layouts
+                    print(f"torch._grouped_mm unavailable: {e}", flush=True)
         session = get_target("cuda").session(*As, *Bs)
         problem, ops, results = prepare_grouped(session.arrays[:len(As)], session.arrays[len(As):],
                                                 target="cuda", memory=session.memory,
