@@ -43,13 +43,25 @@ class Dispatcher:
     # ------------------------------------------------------------ the steps
     def candidates(self, problem) -> list:
         """The variant's default configs for this problem that can be built here."""
+        return self.default_configs(problem)[0]
+
+    def default_configs(self, problem) -> tuple:
+        """(the variant's default configs for `problem` that can be built
+        here, sorted by name; [(config, why not)] for the others)."""
         record = self.manager.variant(problem.variant)
-        configs = {}
+        configs, rejected = {}, []
         for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
-            config = self.config_for(problem, fields)
-            if not config.problems():
+            try:
+                config = self.config_for(problem, fields)
+            except ConfigError as e:
+                rejected.append((fields, str(e)))
+                continue
+            problems = config.problems()
+            if problems:
+                rejected.append((config.name, "; ".join(problems)))
+            else:
                 configs[config.name] = config
-        return [configs[n] for n in sorted(configs)]
+        return [configs[n] for n in sorted(configs)], rejected
 
     def config_for(self, problem, fields) -> KernelConfig:
         """A KernelConfig for `problem` from a dict of fields (tiles, block options)."""
@@ -60,13 +72,26 @@ class Dispatcher:
     def select(self, problem) -> KernelConfig:
         key = problem
         if key not in self._selected:
+            candidates, rejected = self.default_configs(problem)
             chosen = self.hook.dispatcher_select_library(
-                problem=problem, candidates=self.candidates(problem), tuning=self.tuning)
+                problem=problem, candidates=candidates, tuning=self.tuning)
             if chosen is None:
-                raise PluginError(f"no kernel can run variant {problem.variant!r} on "
-                                  f"{problem.target!r} for {problem.dtype} {problem.layout}")
+                raise PluginError(self._no_kernel_message(problem, rejected))
             self._selected[key] = chosen
         return self._selected[key]
+
+    def _no_kernel_message(self, problem, rejected) -> str:
+        target = targets.get(problem.target)
+        lines = [f"no kernel can run variant {problem.variant!r} on {problem.target!r} "
+                 f"({target.parallelism_hint()}) for {problem.dtype} {problem.layout}: "
+                 "the tuning database has no entry and "
+                 + ("every default config was rejected:" if rejected
+                    else "the variant has no default config for it")]
+        lines += [f"  {name}: {why}" for name, why in rejected]
+        lines.append("What to do: pass config= with a config that builds here, tune the problem "
+                     "with `gemm-dispatcher sweep`, or pick another variant or target "
+                     "(the CPU target's ISA: DISPATCHER_CPU_ISA).")
+        return "\n".join(lines)
 
     def codegen(self, config: KernelConfig):
         problems = config.problems()

@@ -16,17 +16,17 @@ from .hookspecs import hookimpl
 
 @hookimpl(trylast=True)
 def dispatcher_build(source, target, cache):
-    return cache.build(source, target.toolchain())
+    return cache.build(source, target.toolchain(source.config))
 
 
 @hookimpl(trylast=True)
 def dispatcher_select_library(problem, candidates, tuning):
-    if not candidates:
-        return None
-    if tuning is not None:
+    if tuning is not None:  # asked even when no default config builds here
         tuned = tuning.lookup(problem, candidates)
         if tuned is not None:
             return tuned
+    if not candidates:
+        return None
     return min(candidates, key=lambda c: (estimated_cost(problem, c), c.name))
 
 

@@ -64,7 +64,8 @@ def dispatcher_build(source, target, cache):
     """Build a generated source into a shared library.
 
     :param source: the :class:`GeneratedSource` from `dispatcher_codegen`.
-    :param target: the target object; its ``toolchain()`` compiles.
+    :param target: the target object; its ``toolchain(source.config)`` compiles
+        (the CPU target's flags depend on the config's ISA).
     :param cache: the :class:`dispatcher.build.BuildCache`; a build goes
         through ``cache.build(source, toolchain)`` so a second build of the
         same source compiles nothing.

@@ -20,6 +20,8 @@ class Option:
     """One key of a config block: its default and what values it allows.
 
     Either `choices` (an explicit tuple) or an integer range `[low, high]`.
+    `default` is a value, or a function of the block's given values for a
+    default that depends on another key (the CPU micro-tile on its ISA).
     """
 
     name: str
@@ -46,6 +48,9 @@ class Option:
                 f"{block} option {self.name!r} = {value} is out of range [{self.low}, {self.high}]")
         return value
 
+    def default_for(self, given: dict):
+        return self.default(given) if callable(self.default) else self.default
+
     def describe(self) -> str:
         if self.choices is not None:
             return "|".join(map(str, self.choices))
@@ -61,8 +66,11 @@ def resolve_options(schema: tuple, given: dict, block: str) -> tuple:
         raise ConfigError(
             f"unknown {block} option(s) {', '.join(map(repr, unknown))}; "
             f"known: {', '.join(sorted(known)) or '(none)'}")
-    return tuple(sorted((name, opt.check(given.get(name, opt.default), block))
-                        for name, opt in known.items()))
+    resolved = dict(given)
+    for opt in schema:  # in schema order: a default may depend on an earlier key
+        resolved[opt.name] = opt.check(resolved[opt.name] if opt.name in given
+                                       else opt.default_for(resolved), block)
+    return tuple(sorted(resolved.items()))
 
 
 @attrs.frozen

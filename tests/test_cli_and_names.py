@@ -52,7 +52,7 @@ def test_cli_run_grouped_and_text_output():
 
 def test_cli_run_with_config_and_bad_key():
     proc = cli("run", "--m", "30", "--n", "30", "--k", "30", "--config", "tile_m=24", "tile_n=32",
-               "micro_n=32", "--verify", "--json", "--repeat", "1")
+               "--verify", "--json", "--repeat", "1")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["kernel"].startswith("gemm_fp32_fp32_rcr_24x32x")
     bad = cli("run", "--m", "8", "--config", "tiles=3")

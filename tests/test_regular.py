@@ -10,7 +10,7 @@ from dispatcher.verify import max_rel, poison, random_matrix, reference, toleran
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
 # Small tiles so that these shapes cover several blocks, partial edge blocks
 # and several K blocks.
-SMALL = dict(tile_m=24, tile_n=64, tile_k=32, micro_m=12, micro_n=32)
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 SHAPES = [(37, 53, 71), (96, 128, 64), (1, 1, 1), (131, 7, 257)]
 
 

@@ -9,7 +9,7 @@ from dispatcher.verify import max_rel, poison, random_matrix, reference, toleran
 
 # 1 tile wide, 8 K-iterations deep on most shapes below: every worker gets a
 # share of a tile, so partial tiles and the fix-up are exercised.
-SMALL = dict(tile_m=24, tile_n=64, tile_k=32, micro_m=12, micro_n=32)
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 SHAPES = [(23, 61, 257), (50, 130, 100), (1, 1, 70)]
 
 

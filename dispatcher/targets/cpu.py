@@ -1,17 +1,17 @@
 """The `cpu` target: generated C++ with OpenMP, built by the system compiler.
 
 Kernels instantiate the tile library in `dispatcher/native/cpu/`. The
-target block of a CPU `KernelConfig` is the register micro-tile and the
-thread count; the build is `-O3 -march=native -fopenmp`, so the cache key
-carries this machine's instruction set.
+target block of a CPU `KernelConfig` is the instruction set (`isa`, see
+`cpu_isa`), the register micro-tile and the thread count. A kernel is
+compiled with its ISA's fixed flags (`-march=x86-64-v3`, never
+`-march=native`), and the ISA is in its name, so a cached library or a
+tuned winner is only ever used where that ISA runs.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import platform
 import shutil
 import subprocess
 
@@ -20,7 +20,7 @@ import attrs
 from .. import dtypes
 from ..errors import ToolchainError
 from ..records import Option
-from . import register
+from . import cpu_isa, register
 from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
 # C++ codec of each dtype token in dcpu:: (fp8 codecs take a decode table).
@@ -30,81 +30,89 @@ _CODECS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def vector_bytes() -> int:
-    """The widest SIMD register the micro-kernel should use here."""
-    flags = _cpu_flags()
-    if "avx512f" in flags:
-        return 64
-    if "avx2" in flags or "avx" in flags:
-        return 32
-    return 16
+# Cross compilers by machine, for an ISA of another machine (the NEON kernels
+# are cross-built on x86-64 and run under qemu in the test suite).
+CROSS_COMPILERS = {"aarch64": "aarch64-linux-gnu-g++", "x86_64": "x86_64-linux-gnu-g++"}
 
 
 @attrs.frozen
 class Toolchain(CompilerMixin):
-    """A C++ compiler and the flags every CPU kernel is built with."""
+    """A C++ compiler and the flags every CPU kernel of one ISA is built with."""
 
     compiler: str
     flags: tuple
+    isa: str
     label = "C++"
 
     @classmethod
     @functools.lru_cache(maxsize=None)
-    def find(cls) -> "Toolchain":
-        candidate = os.environ.get("CXX") or "g++"
-        path = shutil.which(candidate) or shutil.which("c++")
+    def find(cls, isa_name: str) -> "Toolchain":
+        isa = cpu_isa.get(isa_name)
+        if isa.machine == cpu_isa.host_machine():
+            candidate = os.environ.get("CXX") or "g++"
+            path = shutil.which(candidate) or shutil.which("c++")
+        else:
+            candidate = CROSS_COMPILERS.get(isa.machine, f"{isa.machine}-linux-gnu-g++")
+            path = shutil.which(candidate)
         if not path:
             raise ToolchainError(
-                f"no C++ compiler found (looked for {candidate!r} and 'c++' on PATH): "
+                f"no C++ compiler for ISA {isa.name} found (looked for {candidate!r} on PATH): "
                 "install g++ with OpenMP (e.g. `apt-get install g++`) or set CXX")
-        flags = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fPIC", "-shared",
+        flags = ("-O3", *isa.march, "-fopenmp", "-std=c++17", "-fPIC", "-shared",
                  "-fvisibility=hidden", f"-I{NATIVE_DIR}")
-        return cls(path, flags)
+        return cls(path, flags, isa.name)
 
     @functools.cached_property
     def identity(self) -> str:
-        """Compiler version and this CPU's ISA: both change the binary."""
+        """Compiler version and the ISA built for: both change the binary
+        (the machine that builds does not)."""
         version = subprocess.run([self.compiler, "--version"], capture_output=True,
                                  text=True).stdout.splitlines()[:1]
-        isa = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:16]
-        return f"{' '.join(version)} | {platform.machine()} isa:{isa} | headers:{headers_hash('cpu')}"
+        return f"{' '.join(version)} | isa:{self.isa} | headers:{headers_hash('cpu')}"
+
+
+def _isa_of(block: dict) -> cpu_isa.Isa:
+    """The ISA a target block names, else the active one."""
+    return cpu_isa.ISAS.get(block.get("isa")) or cpu_isa.active()
 
 
 @attrs.frozen
 class CpuTarget:
+    """The micro-tile defaults to the config's ISA's, and the ISA to the
+    active one (`cpu_isa.active`), so variant plugins name block tiles only."""
+
     name: str = "cpu"
     options: tuple = (
-        Option("micro_m", 12, "rows of the register micro-tile", low=1, high=16),
-        Option("micro_n", 32, "columns of the register micro-tile", choices=(16, 32, 48, 64)),
+        Option("isa", lambda block: cpu_isa.active().name,
+               "instruction set (default: $DISPATCHER_CPU_ISA, else the best this machine runs)",
+               choices=tuple(cpu_isa.ISAS)),
+        Option("micro_m", lambda block: _isa_of(block).micro_tile[0],
+               "rows of the register micro-tile (default: the ISA's)", low=1, high=32),
+        Option("micro_n", lambda block: _isa_of(block).micro_tile[1],
+               "columns of the register micro-tile (default: the ISA's)", low=4, high=64),
         Option("threads", 0, "OpenMP threads (0: all)", low=0, high=1024),
     )
 
-    def toolchain(self) -> Toolchain:
-        return Toolchain.find()
+    def toolchain(self, config=None) -> Toolchain:
+        """The compiler and flags of `config`'s ISA (default: the active ISA)."""
+        isa = config.target_params["isa"] if config is not None else cpu_isa.active().name
+        return Toolchain.find(isa)
 
     def name_tokens(self, opts: dict) -> str:
-        return f"mt{opts['micro_m']}x{opts['micro_n']}_t{opts['threads']}"
+        return f"{opts['isa']}_mt{opts['micro_m']}x{opts['micro_n']}_t{opts['threads']}"
 
     def check(self, config) -> str | None:
-        """None if the tile library can instantiate `config`, else why not."""
+        """None if the tile library can instantiate `config` and this
+        machine runs its ISA, else why not."""
+        return self.build_problem(config) or cpu_isa.why_not_runnable(cpu_isa.get(config.target_params["isa"]))
+
+    def build_problem(self, config) -> str | None:
+        """None if `config` can be compiled for its ISA (wherever that runs)."""
         o = config.target_params
-        vec = vector_bytes() // 4
-        if o["micro_n"] % vec:
-            return f"micro_n {o['micro_n']} is not a multiple of the {vec}-lane vector"
-        if o["micro_m"] * o["micro_n"] // vec > 28:
-            return f"micro-tile {o['micro_m']}x{o['micro_n']} needs more than 28 vector registers"
+        isa = cpu_isa.get(o["isa"])
+        micro = isa.micro_tile_problem(o["micro_m"], o["micro_n"])
+        if micro:
+            return micro
         if config.tile_m % o["micro_m"] or config.tile_n % o["micro_n"]:
             return (f"tile {config.tile_m}x{config.tile_n} is not a multiple of the "
                     f"micro-tile {o['micro_m']}x{o['micro_n']}")
@@ -136,15 +144,14 @@ class CpuTarget:
             f"    {codecs['A']}, {codecs['B']}, {codecs['C']},",
             f"    {config.tile_m}, {config.tile_n}, {config.tile_k}, {o['micro_m']}, {o['micro_n']},",
             f"    {str(config.layout[0] == 'r').lower()}, {str(config.layout[1] == 'r').lower()},",
-            f"    {vector_bytes()}, {o['threads']}>;",
+            f"    {cpu_isa.get(o['isa']).vector_bytes}, {o['threads']}>;",
             "",
         ]
         return "\n".join(lines)
 
     def arch_id(self) -> str:
-        """What a tuning result is valid for: this machine's ISA."""
-        isa = hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:12]
-        return f"{platform.machine()}-{vector_bytes() * 8}bit-{isa}"
+        """What a tuning result is valid for: the active ISA."""
+        return f"cpu-{cpu_isa.active().name}"
 
     def parallelism(self, config) -> int:
         """Workers a kernel of `config` runs on here."""
@@ -166,7 +173,8 @@ class CpuTarget:
         return HostSession(*arrays)
 
     def parallelism_hint(self) -> str:
-        return f"{cpu_count()} threads, {vector_bytes() * 8}-bit vectors"
+        isa = cpu_isa.active()
+        return f"{cpu_count()} threads, ISA {isa.name} ({isa.vector_bytes * 8}-bit vectors)"
 
 
 def cpu_count() -> int:

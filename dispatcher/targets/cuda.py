@@ -127,7 +127,8 @@ class CudaTarget:
                choices=(1, 2, 4, 8)),
     )
 
-    def toolchain(self) -> Toolchain:
+    def toolchain(self, config=None) -> Toolchain:
+        """nvcc and its flags (one toolchain for every config)."""
         return Toolchain.find()
 
     def name_tokens(self, opts: dict) -> str:

@@ -25,8 +25,8 @@ HERE = Path(__file__).parent
 # little and each thread packs a group's B panel once (measured in
 # benchmarks/cpu_variants.py).
 CPU_DEFAULTS = (
-    dict(tile_m=48, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
-    dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
+    dict(tile_m=48, tile_n=512, tile_k=256),
+    dict(tile_m=96, tile_n=128, tile_k=256),
 )
 
 

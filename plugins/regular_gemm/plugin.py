@@ -21,10 +21,11 @@ HERE = Path(__file__).parent
 # Block tiles the selection heuristic chooses from when the tuning database
 # has no answer: a large one for throughput, a small one so small problems
 # still spread over every core. Measured on the 2-core CI machine
-# (benchmarks/cpu_gemm.py).
+# (benchmarks/cpu_gemm.py). The micro-tile is the target's (its ISA's
+# default); these tiles are multiples of every ISA's.
 CPU_DEFAULTS = (
-    dict(tile_m=120, tile_n=512, tile_k=256, micro_m=12, micro_n=32),
-    dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
+    dict(tile_m=120, tile_n=512, tile_k=256),
+    dict(tile_m=96, tile_n=128, tile_k=256),
 )
 
 

@@ -39,8 +39,8 @@ CUTLASS_DECOMPOSITION = {"hybrid": "Heuristic", "stream_k": "StreamK", "split_k"
 # Stream-K pays off on few-tile, long-K problems, so its defaults are
 # smaller block tiles than the regular variant's.
 CPU_DEFAULTS = (
-    dict(tile_m=96, tile_n=128, tile_k=256, micro_m=12, micro_n=32),
-    dict(tile_m=48, tile_n=64, tile_k=256, micro_m=12, micro_n=32),
+    dict(tile_m=96, tile_n=128, tile_k=256),
+    dict(tile_m=48, tile_n=64, tile_k=256),
 )
 
 
