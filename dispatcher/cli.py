@@ -187,26 +187,40 @@ def cmd_report(args):
     return 0
 
 
+def _migrate_name(name: str, target: str, isa) -> tuple:
+    """One `migrate --names` row and whether the name mapped. Whether this
+    machine can build the kernel is a column of its own, never a reason not
+    to map: a name means the same kernel on every machine."""
+    from .legacy import names
+    try:
+        kernel = names.parse(name)
+        config = names.to_config(kernel, target, isa)
+    except DispatcherError as e:
+        return f"{name}\tUNMAPPED\t{e}", False
+    problems = config.problems()
+    buildable = f"no: {'; '.join(problems)}" if problems else "yes"
+    return f"{name}\t{kernel.bridge_name}\t{config.name}\t{buildable}", True
+
+
 def cmd_migrate(args):
-    from .legacy import configs, names
+    from .legacy import configs
+    if args.isa and args.target != "cpu":
+        raise SystemExit(f"migrate: --isa is a cpu target option; --target is {args.target}")
     if args.names:
+        print("# CK name\tCK bridge name\tgemm-dispatcher name\tbuildable here")
         ok = True
         for line in open(args.names):
             name = line.split("|")[0].strip()
             if not name or name.startswith("#"):
                 continue
-            try:
-                kernel = names.parse(name)
-                ours = names.to_config(kernel, args.target).name
-                print(f"{name}\t{kernel.bridge_name}\t{ours}")
-            except DispatcherError as e:
-                ok = False
-                print(f"{name}\tUNMAPPED\t{e}")
+            row, mapped = _migrate_name(name, args.target, args.isa)
+            ok = ok and mapped
+            print(row)
         return 0 if ok else 1
     if not args.legacy:
         raise SystemExit("migrate needs a legacy config or --names FILE")
     m = configs.migrate(args.legacy, target=args.target, variant=args.variant, dtype=args.dtype,
-                        layout=args.layout)
+                        layout=args.layout, isa=args.isa)
     print(m.report(), file=sys.stderr)
     text = json.dumps(m.sweep, indent=1)
     if args.output:
@@ -292,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="fp16", help="for the old tile_configs[dtype][layout] form")
     s.add_argument("--layout", default="rcr")
     s.add_argument("--names", help="a file of CK kernel names (list files: name|tile|trait) to map")
+    from .targets import cpu_isa
+    s.add_argument("--isa", choices=tuple(cpu_isa.ISAS),
+                   help="cpu target: the ISA the configs and names are for "
+                        "(default: $DISPATCHER_CPU_ISA, else the best this machine runs)")
     s.set_defaults(fn=cmd_migrate)
 
     s = sub.add_parser("legacy-streamk-benchmark", add_help=False,

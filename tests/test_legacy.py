@@ -1,5 +1,6 @@
 """Migration from CK's legacy Tile Engine: every reference config, names, the driver."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -7,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import errors
+from dispatcher import cli, errors
+from dispatcher.config import KernelConfig
 from dispatcher.legacy import configs, names
+from dispatcher.plugins import get_manager
+from dispatcher.targets import cpu, cpu_isa
 from dispatcher.tile_engine import sweep
 
 CK_DATA = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ck_data"
@@ -24,12 +28,29 @@ EXPECTED = {
 }
 
 
+def emitted_configs(migration, dtype="fp32"):
+    """Every config of a migrated cpu sweep, unfiltered: `sweep.expand` drops
+    those this machine cannot run, and the test must judge all of them on
+    their ISA, whatever this machine is."""
+    axes = list(migration.sweep)
+    for combo in itertools.product(*(sweep.axis_values(a, migration.sweep[a]) for a in axes)):
+        yield KernelConfig.create(variant=migration.variant, target="cpu", dtype=dtype, layout="rcr",
+                                  **dict(zip(axes, combo)))
+
+
+def structural_problems(config):
+    """Why `config` cannot be built for its ISA on any machine that runs it."""
+    reasons = (cpu.CPU.build_problem(config), get_manager().variant(config.variant).check(config))
+    return [r for r in reasons if r]
+
+
 @needs_ck_data
+@pytest.mark.parametrize("isa", sorted(cpu_isa.ISAS))
 @pytest.mark.parametrize("filename", sorted(EXPECTED))
-def test_every_reference_config_migrates(filename):
+def test_every_reference_config_migrates_for_every_isa(filename, isa):
     variant, ck_kernels = EXPECTED[filename]
     raw = json.loads((CK_DATA / filename).read_text())
-    m = configs.migrate(raw, target="cpu", variant=variant)
+    m = configs.migrate(raw, target="cpu", variant=variant, isa=isa)
     assert m.ck_kernels == ck_kernels
     # every legacy key is accounted for: mapped or dropped with a reason
     accounted = {k.split(".")[-1].split("=")[0] for k, _ in m.mapped + m.dropped}
@@ -37,8 +58,45 @@ def test_every_reference_config_migrates(filename):
         {k for k in raw if k not in ("tile_config", "trait_config", "streamk_config")}
     assert legacy_keys <= accounted | {"tile_config", "trait_config"}, legacy_keys - accounted
     assert all(reason for _, reason in m.dropped)
-    plan = sweep.expand(m.sweep, variant=variant, target="cpu", dtype="fp32", layout="rcr")
-    assert plan.configs, "nothing buildable on the cpu target"
+    assert m.sweep["isa"] == {"values": [isa]} and f"isa {isa} (as asked)" in m.report()
+    emitted = list(emitted_configs(m))
+    assert emitted
+    for config in emitted:
+        assert config.target_params["isa"] == isa
+        assert structural_problems(config) == [], config.name
+
+
+def test_micro_tile_is_the_isa_default_when_it_divides_else_the_largest_valid_one():
+    avx512, avx2 = cpu_isa.get("avx512"), cpu_isa.get("avx2")
+    assert cpu.micro_tile_for(avx512, [96, 192], [64]) == (12, 32)
+    assert cpu.micro_tile_for(avx512, [128, 256], [128]) == (8, 32)
+    assert cpu.micro_tile_for(avx2, [128], [128]) == (4, 16)   # not 8x32: 37 registers of 16
+    assert cpu.micro_tile_for(avx512, [64], [8]) is None       # narrower than one 16-lane vector
+
+
+def test_migrate_assumes_the_active_isa_and_refuses_unknown_ones():
+    raw = {"tile_config": {"tile_m": [128], "tile_n": [128], "tile_k": [64]}}
+    m = configs.migrate(raw)
+    assert m.sweep["isa"] == {"values": [cpu_isa.active().name]}
+    assert f"isa {cpu_isa.active().name} (assumed: the active ISA" in m.report()
+    assert "isa" not in configs.migrate(raw, target="cuda").sweep
+    with pytest.raises(errors.ConfigError, match="unknown CPU ISA 'sse'"):
+        configs.migrate(raw, isa="sse")
+    with pytest.raises(errors.ConfigError, match="cpu target option"):
+        configs.migrate(raw, target="cuda", isa="avx2")
+
+
+def test_migrate_cli_isa_flag(tmp_path, capsys):
+    legacy = tmp_path / "legacy.json"
+    legacy.write_text(json.dumps({"tile_config": {"tile_m": [128], "tile_n": [128], "tile_k": [64]}}))
+    assert cli.main(["migrate", str(legacy), "--isa", "neon", "-o", str(tmp_path / "sweep.json")]) == 0
+    assert "isa neon (as asked), micro_m 8, micro_n 8" in capsys.readouterr().err
+    assert json.loads((tmp_path / "sweep.json").read_text())["isa"] == {"values": ["neon"]}
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["migrate", str(legacy), "--isa", "sse"])
+    assert refused.value.code == 2 and "invalid choice: 'sse'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--isa is a cpu target option"):
+        cli.main(["migrate", str(legacy), "--target", "cuda", "--isa", "avx2"])
 
 
 @needs_ck_data
@@ -105,26 +163,55 @@ def test_name_forms_and_round_trip(name, form, bridge):
     assert names.parse(bridge) == names.parse(bridge)
 
 
-def test_names_map_to_gemm_dispatcher_configs():
+@pytest.mark.parametrize("isa", sorted(cpu_isa.ISAS))
+def test_names_map_to_gemm_dispatcher_configs(isa):
     k = names.parse(NAMES[2][0])
-    config = names.to_config(k, "cpu")
+    config = names.to_config(k, "cpu", isa)
     assert config.variant == "stream_k" and config.variant_params["reduction"] == "linear"
     assert (config.tile_m, config.tile_n, config.tile_k) == (128, 128, 64)
+    assert f"_cpu_{isa}_mt" in config.name and structural_problems(config) == []
     with pytest.raises(errors.ConfigError, match="tree"):
         names.to_config(names.parse(NAMES[3][0]))
     with pytest.raises(errors.ConfigError, match="three MxNxK triples"):
         names.parse("gemm_fp16_rcr_nonsense")
 
 
-def test_migrate_names_cli_flags_unmappable(tmp_path):
+def _names_file(tmp_path):
     f = tmp_path / "names.txt"
     f.write_text("\n".join(n for n, _, _ in NAMES) + "\nnot_a_kernel\n")
-    proc = subprocess.run([sys.executable, "-m", "dispatcher", "migrate", "--names", str(f)],
+    return f
+
+
+def test_migrate_names_cli_flags_unmappable(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dispatcher", "migrate", "--names", str(_names_file(tmp_path))],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    lines = proc.stdout.splitlines()
-    assert len(lines) == len(NAMES) + 1
-    assert sum("UNMAPPED" in l for l in lines) == 4  # two fp16 atomic (cpu), tree, garbage
+    header, *rows = proc.stdout.splitlines()
+    assert header.startswith("#") and len(rows) == len(NAMES) + 1
+    unmapped = [r.split("\t")[0] for r in rows if "\tUNMAPPED\t" in r]
+    assert unmapped == [NAMES[3][0], "not_a_kernel"]  # the tree reduction and garbage, nothing else
+
+
+# NAMES rows the cpu target cannot build on any ISA: fp16 stream-K with the atomic reduction
+ATOMIC_FP16 = {0, 1}
+
+
+@pytest.mark.parametrize("isa", sorted(cpu_isa.ISAS))
+def test_migrate_names_maps_on_any_machine_and_says_what_builds_here(tmp_path, capsys, isa):
+    assert cli.main(["migrate", "--names", str(_names_file(tmp_path)), "--isa", isa]) == 1  # tree, garbage
+    rows = [r.split("\t") for r in capsys.readouterr().out.splitlines()[1:]]
+    not_runnable = cpu_isa.why_not_runnable(cpu_isa.get(isa))
+    for i, (name, form, bridge) in enumerate(NAMES):
+        if i == 3:  # tree
+            assert rows[i][1] == "UNMAPPED"
+            continue
+        got_name, got_bridge, ours, buildable = rows[i]
+        assert (got_name, got_bridge) == (name, bridge) and f"_cpu_{isa}_mt" in ours
+        expected = [r for r in (not_runnable, "atomic reduction" if i in ATOMIC_FP16 else None) if r]
+        if expected:
+            assert buildable.startswith("no: ") and all(r in buildable for r in expected), buildable
+        else:
+            assert buildable == "yes"
 
 
 def test_legacy_driver_writes_legacy_outputs(tmp_path):

@@ -23,7 +23,7 @@ import attrs
 
 from ..errors import ConfigError
 from ..tile_engine.sweep import axis_values
-from .names import STRATEGIES
+from .names import STRATEGIES, target_fields
 
 TILE_KEYS = ("tile_m", "tile_n", "tile_k")
 CK_TILE_KEYS = ("warp_m", "warp_n", "warp_k", "warp_tile_m", "warp_tile_n", "warp_tile_k")
@@ -106,8 +106,18 @@ def _old_format(raw, dtype, layout):
     return entries
 
 
+def _cpu_mapping(fields: dict, isa: str | None) -> str:
+    """The report line of the cpu block: which ISA the sweep is for, and
+    whether it was asked for or assumed (the active ISA)."""
+    source = "as asked" if isa else "assumed: the active ISA; choose another with --isa"
+    return (f"isa {fields['isa']} ({source}), micro_m {fields['micro_m']}, micro_n {fields['micro_n']}: "
+            "the ISA's register tile that divides every CK tile")
+
+
 def migrate(path_or_dict, *, target: str = "cpu", variant: str | None = None,
-            dtype: str = "fp16", layout: str = "rcr") -> Migration:
+            dtype: str = "fp16", layout: str = "rcr", isa: str | None = None) -> Migration:
+    """A legacy config -> a gemm-dispatcher sweep for `target`; on the cpu its
+    configs are for ISA `isa` (None: the active ISA), which the sweep names."""
     raw = load(path_or_dict)
     known_top = {"tile_config", "trait_config", "streamk_config", "tile_configs", "traits"} | set(DROPPED)
     unknown = sorted(set(raw) - known_top)
@@ -176,13 +186,11 @@ def migrate(path_or_dict, *, target: str = "cpu", variant: str | None = None,
             dropped.append(("problem", DROPPED["problem"] if raw[key] else "empty; " + DROPPED["problem"]))
         elif key in DROPPED:
             dropped.append((key, DROPPED[key]))
-    if target == "cpu":  # CK tiles are powers of two: pick register micro-tiles that divide them
-        tm = _values(tile_cfg["tile_m"], "tile_m")
-        tn = _values(tile_cfg["tile_n"], "tile_n")
-        micro_m = next((m for m in (12, 8, 4, 2, 1) if all(t % m == 0 for t in tm)))
-        micro_n = next((n for n in (32, 16) if all(t % n == 0 for t in tn)), 32)
-        sweep["micro_m"], sweep["micro_n"] = {"values": [micro_m]}, {"values": [micro_n]}
-        mapped.append(("(cpu target)", f"micro_m {micro_m}, micro_n {micro_n}: register tile dividing the CK tiles"))
+    tiles_m, tiles_n = _values(tile_cfg["tile_m"], "tile_m"), _values(tile_cfg["tile_n"], "tile_n")
+    fields = target_fields(target, isa, tiles_m, tiles_n)
+    sweep.update({key: {"values": [value]} for key, value in fields.items()})
+    if target == "cpu":
+        mapped.append(("(cpu target)", _cpu_mapping(fields, isa)))
     return Migration(sweep, tuple(mapped), tuple(dropped), ck_kernel_count(raw, tile_cfg, trait_cfg, strategies),
                      variant)
 

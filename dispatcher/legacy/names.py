@@ -16,6 +16,7 @@ import re
 import attrs
 
 from ..errors import ConfigError
+from ..targets import cpu, cpu_isa
 
 DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8_e4m3", "bf8": "fp8_e5m2", "int8": "int8", "fp32": "fp32"}
 STRATEGIES = {"atomic": "atomic", "linear": "linear", "reduction": "linear", "tree": "tree"}
@@ -113,9 +114,30 @@ def parse(name: str) -> CkKernel:
                     variant, strategy, form)
 
 
-def to_config(k: CkKernel, target: str = "cpu"):
-    """The gemm-dispatcher KernelConfig closest to a CK kernel on `target`,
-    or ConfigError saying why there is none."""
+def target_fields(target: str, isa: str | None, tiles_m, tiles_n) -> dict:
+    """The target block a CK kernel of these block tiles needs on `target`,
+    or ConfigError. On the cpu: the ISA (`isa`, None for the active one) and
+    a micro-tile of it that divides every tile, because CK tiles are powers
+    of two, which the ISA's default micro-tile need not divide. The ISA is
+    in the block so the kernel is the one meant wherever it is built."""
+    if target != "cpu":
+        if isa:
+            raise ConfigError(f"an ISA ({isa}) is a cpu target option, not a {target} one")
+        return {}
+    chosen = cpu_isa.get(isa) if isa else cpu_isa.active()
+    micro = cpu.micro_tile_for(chosen, tiles_m, tiles_n)
+    if micro is None:
+        raise ConfigError(f"no micro-tile of ISA {chosen.name} divides tile_m {list(tiles_m)} and "
+                          f"tile_n {list(tiles_n)} (micro_n must be a multiple of {chosen.lanes()} lanes)")
+    return {"isa": chosen.name, "micro_m": micro[0], "micro_n": micro[1]}
+
+
+def to_config(k: CkKernel, target: str = "cpu", isa: str | None = None):
+    """The gemm-dispatcher KernelConfig closest to a CK kernel on `target`
+    (cpu: for ISA `isa`, default the active one), or ConfigError if there is
+    no such kernel. It is not checked: whether the target, or this machine,
+    can build it is `config.problems()`, a separate question, so a name maps
+    the same on every machine."""
     from ..config import KernelConfig
     if k.variant == "stream_k" and k.reduction == "tree":
         raise ConfigError("the tree reduction has no gemm-dispatcher kernel (atomic and linear do)")
@@ -125,14 +147,4 @@ def to_config(k: CkKernel, target: str = "cpu"):
         fields["reduction"] = k.reduction
     if target == "cuda" and k.tile[0] == 64:
         fields["schedule"] = "pingpong"  # the cooperative schedule needs tile_m >= 128
-    if target == "cpu":
-        fields["micro_m"] = next((m for m in (12, 8, 6, 4, 2, 1) if k.tile[0] % m == 0))
-        micro_n = next((n for n in (32, 16) if k.tile[1] % n == 0), None)
-        if micro_n is None:
-            raise ConfigError(f"tile_n {k.tile[1]} is not a multiple of a CPU micro-tile width (16, 32)")
-        fields["micro_n"] = micro_n
-    config = KernelConfig.create(**fields)
-    problems = config.problems()
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return config
+    return KernelConfig.create(**fields, **target_fields(target, isa, [k.tile[0]], [k.tile[1]]))

@@ -177,6 +177,29 @@ class CpuTarget:
         return f"{cpu_count()} threads, ISA {isa.name} ({isa.vector_bytes * 8}-bit vectors)"
 
 
+def micro_tile_for(isa: cpu_isa.Isa, tiles_m, tiles_n) -> tuple | None:
+    """The (micro_m, micro_n) of ISA `isa` that every block tile in `tiles_m`
+    x `tiles_n` is a whole multiple of, or None if no valid one is.
+
+    One micro-tile must serve a whole sweep of block tiles, and the ISA's
+    default may divide none of them (12 rows on AVX-512, 6 on AVX2, against
+    another tool's power-of-two tiles). The default wins when it divides;
+    otherwise the one with the most accumulator elements, then the one whose
+    width is nearest the default's (the shape the ISA's kernel is tuned for).
+    """
+    def divides(mm, mn):
+        return all(t % mm == 0 for t in tiles_m) and all(t % mn == 0 for t in tiles_n)
+
+    if divides(*isa.micro_tile):
+        return isa.micro_tile
+    bounds = {o.name: o for o in CPU.options}
+    fits = [(mm, mn)
+            for mm in range(bounds["micro_m"].low, bounds["micro_m"].high + 1)
+            for mn in range(bounds["micro_n"].low, bounds["micro_n"].high + 1)
+            if divides(mm, mn) and isa.micro_tile_problem(mm, mn) is None]
+    return max(fits, key=lambda t: (t[0] * t[1], -abs(t[1] - isa.micro_tile[1])), default=None)
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (OpenMP's default thread count)."""
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
