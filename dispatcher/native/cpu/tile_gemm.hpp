@@ -42,11 +42,20 @@ struct F32 {
     static inline storage store(float v) { return v; }
 };
 
+// IEEE binary16 storage. GCC takes _Float16 in C++ on x86-64 from version 12
+// but on aarch64 only from 13; aarch64's __fp16 is the same format there
+// (converted by fcvt, rounding to nearest even), in every GCC and Clang.
+#if defined(__aarch64__)
+using half = __fp16;
+#else
+using half = _Float16;
+#endif
+
 struct F16 {
-    using storage = _Float16;
+    using storage = half;
     using compute = float;
     static inline float load(storage v) { return static_cast<float>(v); }
-    static inline storage store(float v) { return static_cast<_Float16>(v); }
+    static inline storage store(float v) { return static_cast<storage>(v); }
 };
 
 struct BF16 {
