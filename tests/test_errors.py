@@ -11,7 +11,10 @@ from dispatcher import errors
 from dispatcher.api import default_dispatcher
 from dispatcher.library import gemm_args
 from dispatcher.problem import prepare_gemm
+from dispatcher.targets import cpu_isa
 from dispatcher.targets.cpu import Toolchain
+
+ACTIVE_ISA = cpu_isa.active().name
 
 SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 
@@ -85,7 +88,7 @@ def test_unknown_config_key_is_named():
 def test_invalid_config_values_name_the_allowed_ones():
     with pytest.raises(errors.ConfigError, match=r"'micro_n' = 70 is out of range \[4, 64\]"):
         dispatcher.KernelConfig.create(micro_n=70)
-    with pytest.raises(errors.ConfigError, match="'isa' = 'sse9' is invalid; allowed: avx512, avx2"):
+    with pytest.raises(errors.ConfigError, match="'isa' = 'sse9' is invalid; allowed: 'avx512', 'avx2'"):
         dispatcher.KernelConfig.create(isa="sse9")
     with pytest.raises(errors.ConfigError, match="tile_m must be a positive integer"):
         dispatcher.KernelConfig.create(tile_m=0)
@@ -128,8 +131,8 @@ def test_missing_compiler(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     Toolchain.find.cache_clear()
     try:
-        with pytest.raises(errors.ToolchainError, match="no C\\+\\+ compiler found"):
-            Toolchain.find()
+        with pytest.raises(errors.ToolchainError, match="no C\\+\\+ compiler for ISA"):
+            Toolchain.find(ACTIVE_ISA)
     finally:
         Toolchain.find.cache_clear()
 
@@ -141,7 +144,7 @@ def test_compiler_error_is_reported(tmp_path):
     config = dispatcher.KernelConfig.create(**SMALL)
     source = GeneratedSource(config, (("broken.cpp", "this is not C++;"),))
     with pytest.raises(errors.BuildError, match="compilation of broken.cpp failed") as info:
-        cache.build(source, Toolchain.find())
+        cache.build(source, Toolchain.find(ACTIVE_ISA))
     assert "error" in info.value.log
     assert not any((tmp_path / "c" / "kernels").iterdir()), "a failed build left an entry"
     assert not any((tmp_path / "c" / "tmp").iterdir()), "a failed build left its staging dir"

@@ -19,9 +19,11 @@ def groups(shapes, dtype, layout, rng):
 MIXED = [(37, 53, 71), (0, 64, 32), (1, 1, 1), (130, 9, 200), (64, 128, 64)]
 
 
+@pytest.mark.parity
+@pytest.mark.parametrize("layout", ["rc", "rr", "cr", "cc"])
 @pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
-def test_mixed_shapes_every_dtype(dtype, rng):
-    As, Bs = groups(MIXED, dtype, "rc", rng)
+def test_mixed_shapes_every_dtype(dtype, layout, rng):
+    As, Bs = groups(MIXED, dtype, layout, rng)
     outs = dispatcher.grouped_gemm(As, Bs, config=SMALL)
     tol = dtypes.relative_tolerance(dtypes.output_for(dtype).token, 200)
     for a, b, out in zip(As, Bs, outs):

@@ -21,6 +21,7 @@ def run_checked(a, b, variant="regular", config=SMALL, **kw):
     return out
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
 def test_every_dtype_and_layout(dtype, layout, rng):

@@ -32,12 +32,14 @@ def check(dtype, layout, rng, **config):
         assert max_rel(out, reference(a, b)) <= tolerance(cfg, k), (dtype, layout, (m, n, k))
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
 @pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
 def test_linear_every_dtype_and_layout(dtype, layout, rng):
     check(dtype, layout, rng, reduction="linear", decomposition="stream_k")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("layout", ["rcr", "ccr"])
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_atomic(dtype, layout, rng):

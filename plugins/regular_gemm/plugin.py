@@ -13,7 +13,7 @@ from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.records import VariantRecord
+from dispatcher.records import WORKERS, VariantRecord
 
 VARIANT = "regular"
 HERE = Path(__file__).parent
@@ -49,6 +49,7 @@ RECORD = VariantRecord(
     targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
+    launch_options=(WORKERS,),
     default_configs=default_configs,
     description="data-parallel GEMM: one output block tile per work item",
 )
