@@ -8,6 +8,8 @@ against these records, so a plugin adds options without touching the core.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import attrs
@@ -39,7 +41,7 @@ class Option:
                     f"{block} option {self.name!r} = {value!r} is invalid; "
                     f"allowed: {', '.join(map(repr, self.choices))}")
             return value
-        if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) and not (
                 isinstance(value, str) and value.lstrip("-").isdigit()):
             raise ConfigError(f"{block} option {self.name!r} must be an integer, got {value!r}")
         value = int(value)
@@ -73,6 +75,29 @@ def resolve_options(schema: tuple, given: dict, block: str) -> tuple:
     return tuple(sorted(resolved.items()))
 
 
+# Launch options (`options=` of `gemm`): the core's, and the ones a variant
+# declares in `VariantRecord.launch_options`. A worker count becomes the size
+# of an OpenMP team, and libgomp kills the process when it cannot start one
+# (40000 did; 100000 crashed), so it is bounded here, as the CPU target's
+# `threads` is, before any native call.
+MAX_WORKERS = 1024
+STREAM = Option("stream", 0, "the target's stream handle (set from the arrays' session)", low=0)
+WORKERS = Option("workers", 0, "threads or persistent workers of one launch (0: the kernel's default)",
+                 low=0, high=MAX_WORKERS)
+
+
+def resolve_launch_options(record, options) -> dict:
+    """`options` checked against the core's and `record`'s launch options,
+    defaults filled: an unknown key or a value out of range is a ConfigError
+    before anything native runs."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"options must be a dict of launch options, got {type(options).__name__}")
+    return dict(resolve_options((STREAM, *record.launch_options), dict(options),
+                                f"{record.name!r} launch"))
+
+
 @attrs.frozen
 class VariantRecord:
     """What a variant plugin provides.
@@ -80,6 +105,8 @@ class VariantRecord:
     problem_kind: "gemm" (one problem, `dispatcher_run_gemm`) or "grouped"
         (a list of problems, `dispatcher_run_grouped_gemm`).
     options: the schema of the variant block of `KernelConfig`.
+    launch_options: the `options=` keys its launch reads besides the core's
+        `stream` (e.g. `WORKERS`); any other key is refused.
     name_suffix: variant block -> the kernel-name suffix (e.g. "_grouped").
     default_configs: (target, dtype, layout) -> list of config dicts the
         selection considers when the tuning database has no answer.
@@ -96,6 +123,7 @@ class VariantRecord:
     dtypes: tuple
     layouts: tuple
     options: tuple = ()
+    launch_options: tuple = ()
     name_suffix: Callable[[dict], str] = lambda opts: ""
     default_configs: Callable[[str, str, str], list] = lambda target, dtype, layout: []
     check: Callable[[Any], Optional[str]] = lambda config: None
