@@ -5,10 +5,20 @@ version (which carries the target arch / ISA) and the package version. An
 entry is built in a private temporary directory and published by one
 `rename` under a per-key file lock, so concurrent builds of one config both
 succeed and a killed build leaves nothing half-written. Each entry stores
-the SHA-256 of its library, checked on every load.
+the SHA-256 of its library, checked on every load, and whether the library
+embeds its kernel name (the `KERNEL_NAME` string every template exports):
+then a library swapped for another kernel's, even with its hash
+recomputed, is a corrupt entry too. A corrupt entry is moved aside to
+`tmp/` and rebuilt; only the newest few moved-aside copies are kept.
 
 The cache lives in `$DISPATCHER_CACHE_DIR`, else `$XDG_CACHE_HOME/gemm-dispatcher`
-(`~/.cache/gemm-dispatcher`), created with mode 0700.
+(`~/.cache/gemm-dispatcher`). Folders it creates are mode 0700 (its
+libraries are code that every process using the cache runs); a folder it
+did not create keeps its mode. A cache folder this process cannot write
+but that holds a `kernels/` folder (a shared, prebuilt cache) is read
+only: its entries are found, and a kernel it lacks is built into the
+per-user cache `$XDG_CACHE_HOME/gemm-dispatcher`, which then also holds
+the tuning database.
 """
 
 from __future__ import annotations
@@ -26,6 +36,10 @@ import attrs
 from filelock import FileLock
 
 from .errors import CacheError
+
+_FOLDERS = ("kernels", "tmp", "locks")
+QUARANTINE_KEEP = 3  # moved-aside corrupt entries kept in tmp/ for a post-mortem
+_WHAT_TO_DO = "set DISPATCHER_CACHE_DIR to a writable directory"
 
 
 @attrs.frozen
@@ -51,19 +65,105 @@ class BuiltLibrary:
     metadata: dict = attrs.field(eq=False, factory=dict)
 
 
-def default_cache_dir() -> Path:
-    if os.environ.get("DISPATCHER_CACHE_DIR"):
-        return Path(os.environ["DISPATCHER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def user_cache_dir() -> Path:
+    """The per-user cache: `$XDG_CACHE_HOME/gemm-dispatcher`, else
+    `~/.cache/gemm-dispatcher`. Without a home directory there is no safe
+    default (a relative `~` would put the cache under the working directory)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset or relative: the XDG spec says ignore it
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            raise CacheError("there is no home directory to hold the build cache; "
+                             f"{_WHAT_TO_DO} (or XDG_CACHE_HOME)")
+        base = os.path.join(home, ".cache")
     return Path(base) / "gemm-dispatcher"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def default_cache_dir() -> Path:
+    if os.environ.get("DISPATCHER_CACHE_DIR"):
+        return Path(os.environ["DISPATCHER_CACHE_DIR"])
+    return user_cache_dir()
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _make_writable_cache(root: Path) -> bool:
+    """Create `root` and its folders where missing, mode 0700 (an existing
+    folder keeps its mode: it may be shared), and say whether builds can
+    write there. Nothing is created in a root this process cannot write."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _writable(root):
+        return False
+    for sub in _FOLDERS:
+        (root / sub).mkdir(mode=0o700, exist_ok=True)
+    return all(_writable(root / sub) for sub in _FOLDERS)
+
+
+def _open(root: Path) -> bool:
+    """True if `root` is a writable cache; False if it is read-only but holds
+    prebuilt kernels to look up; CacheError (saying what to do) otherwise."""
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"the build cache {root} is a file, not a directory; remove it or "
+                         f"{_WHAT_TO_DO}")
+    try:
+        if _make_writable_cache(root):
+            return True
+    except OSError as e:
+        raise CacheError(f"cannot create the build cache {root}: {e.strerror or e}; "
+                         f"{_WHAT_TO_DO}") from None
+    if os.access(root / "kernels", os.R_OK | os.X_OK):
+        return False
+    raise CacheError(f"the build cache {root} is read-only and holds no kernels/ folder it can read; "
+                     f"{_WHAT_TO_DO}")
+
+
+def _scan(path: Path, needle: bytes) -> tuple:
+    """(SHA-256 of the file, whether it contains `needle`), in one read."""
+    h, found, tail = hashlib.sha256(), False, b""
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+            found = found or needle in tail + chunk
+            tail = chunk[-len(needle):]
+    return h.hexdigest(), found
+
+
+def _embedded(name: str) -> bytes:
+    """How a library holds its kernel name: the C string `dispatcher_kernel_name` returns."""
+    return name.encode() + b"\0"
+
+
+def _damage(entry: Path, meta: dict, name: str | None) -> str:
+    """Why the entry `meta` describes is corrupt ("" if it is sound). `name`:
+    the kernel the caller wants, when it knows."""
+    if name is not None and meta["name"] != name:
+        return f"it holds kernel {meta['name']!r}, not {name!r}"
+    lib = entry / meta["library"]
+    if not lib.exists():
+        return "its library is missing"
+    digest, embeds_name = _scan(lib, _embedded(meta["name"]))
+    if digest != meta["sha256"]:
+        return "its library's hash does not match"
+    if meta.get("embeds_name") and not embeds_name:
+        return f"its library does not hold kernel {meta['name']!r}: another kernel's library"
+    return ""
+
+
+def _read_entry(entry: Path, name: str | None = None):
+    """The BuiltLibrary in `entry`, None if absent; CacheError if corrupt."""
+    if not entry.exists():
+        return None
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        why = _damage(entry, meta, name)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"its metadata is unreadable: {e}"
+    if why:
+        raise CacheError(f"build-cache entry {entry} is corrupt ({why}); delete it or run "
+                         "`gemm-dispatcher kernels --prune`")
+    return BuiltLibrary(meta["name"], entry / meta["library"], entry.name, meta)
 
 
 def _package_version() -> str:
@@ -72,11 +172,24 @@ def _package_version() -> str:
 
 
 class BuildCache:
+    """`root`: the writable cache that builds go to. `shared`: a read-only
+    prebuilt cache looked up after `root` (None unless the configured
+    directory is read-only; `root` is then the per-user cache)."""
+
     def __init__(self, root=None):
-        self.root = Path(root) if root else default_cache_dir()
-        for sub in ("", "kernels", "tmp", "locks"):
-            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        wanted = Path(root) if root else default_cache_dir()
+        self.shared = None if _open(wanted) else wanted
+        self.root = wanted if self.shared is None else self._private_for(wanted)
+
+    @staticmethod
+    def _private_for(shared: Path) -> Path:
+        """The per-user cache that builds go to while `shared` is read-only."""
+        private = user_cache_dir()
+        if private.resolve() == shared.resolve() or not _open(private):
+            raise CacheError(f"the build cache {shared} is read-only and there is no writable "
+                             f"per-user cache to build into; {_WHAT_TO_DO} (a read-only one is "
+                             "used as a shared prebuilt cache when XDG_CACHE_HOME is writable)")
+        return private
 
     def key(self, source: GeneratedSource, toolchain) -> str:
         blob = json.dumps({
@@ -90,87 +203,116 @@ class BuildCache:
     def entry_dir(self, key: str) -> Path:
         return self.root / "kernels" / key
 
-    def lookup(self, key: str):
-        """The entry's BuiltLibrary, None if absent; CacheError if corrupt."""
-        entry = self.entry_dir(key)
-        meta_path = entry / "meta.json"
-        if not entry.exists():
-            return None
-        try:
-            meta = json.loads(meta_path.read_text())
-            lib = entry / meta["library"]
-            ok = lib.exists() and _sha256(lib) == meta["sha256"]
-        except (OSError, ValueError, KeyError):
-            ok = False
-        if not ok:
-            raise CacheError(f"build-cache entry {entry} is corrupt (its library is missing or "
-                             "its hash does not match); delete it or run "
-                             "`gemm-dispatcher kernels --prune`")
-        return BuiltLibrary(meta["name"], lib, key, meta)
+    def _stores(self) -> list:
+        """The kernels folders entries are looked up in, in order."""
+        return [self.root / "kernels"] + ([self.shared / "kernels"] if self.shared else [])
+
+    def lookup(self, key: str, name: str | None = None):
+        """The entry's BuiltLibrary, None if absent; CacheError if corrupt.
+        `name`: the kernel expected there, checked when given."""
+        return self._find(key, name)
+
+    def _find(self, key, name, on_corrupt=None):
+        """lookup; with `on_corrupt(entry, error)`, a corrupt entry is handed
+        to it and the search goes on instead of raising."""
+        for kernels in self._stores():
+            try:
+                found = _read_entry(kernels / key, name)
+            except CacheError as e:
+                if on_corrupt is None:
+                    raise
+                on_corrupt(kernels / key, e)
+                continue
+            if found:
+                return found
+        return None
 
     def build(self, source: GeneratedSource, toolchain) -> BuiltLibrary:
         """The cached library for `source`, compiling only if absent."""
         key = self.key(source, toolchain)
-        found = self._lookup_or_quarantine(key)
+        found = self._find(key, source.name, on_corrupt=self._set_aside)
         if found:
             return found
         with FileLock(str(self.root / "locks" / f"{key}.lock")):
-            found = self._lookup_or_quarantine(key)  # another process may have won
+            found = self._find(key, source.name, on_corrupt=self._set_aside)  # another process may have won
             if found:
                 return found
             staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
             try:
-                for filename, text in source.files:
-                    (staging / filename).write_text(text)
-                lib_name = f"lib{source.name}.so"
-                started = time.perf_counter()
-                toolchain.compile(staging / source.files[0][0], staging / lib_name, source.flags)
-                meta = {
-                    "name": source.name,
-                    "library": lib_name,
-                    "sha256": _sha256(staging / lib_name),
-                    "config": source.config.to_dict(),
-                    "compiler": toolchain.identity,
-                    "flags": list(toolchain.flags) + list(source.flags),
-                    "build_seconds": round(time.perf_counter() - started, 3),
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                }
-                (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+                self._compile_into(staging, source, toolchain)
                 os.rename(staging, self.entry_dir(key))
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        return self.lookup(key)
+        return self.lookup(key, source.name)
 
-    def _lookup_or_quarantine(self, key):
+    @staticmethod
+    def _compile_into(staging: Path, source: GeneratedSource, toolchain):
+        """Write, compile and describe (meta.json) one entry in `staging`."""
+        for filename, text in source.files:
+            (staging / filename).write_text(text)
+        lib_name = f"lib{source.name}.so"
+        started = time.perf_counter()
+        toolchain.compile(staging / source.files[0][0], staging / lib_name, source.flags)
+        digest, embeds_name = _scan(staging / lib_name, _embedded(source.name))
+        meta = {
+            "name": source.name,
+            "library": lib_name,
+            "sha256": digest,
+            "embeds_name": embeds_name,
+            "config": source.config.to_dict(),
+            "compiler": toolchain.identity,
+            "flags": list(toolchain.flags) + list(source.flags),
+            "build_seconds": round(time.perf_counter() - started, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    def _set_aside(self, entry: Path, error: CacheError):
+        """Move a corrupt entry of this cache to tmp/ (keeping the newest few
+        such copies), so the caller rebuilds it; a corrupt shared entry,
+        which this process cannot move, is only skipped."""
+        if entry.parent != self.root / "kernels":
+            warnings.warn(f"{error}; it is in the read-only shared cache: building a private copy",
+                          stacklevel=4)
+            return
+        aside = self.root / "tmp" / f"{entry.name}.corrupt.{time.time_ns()}.{os.getpid()}"
         try:
-            return self.lookup(key)
-        except CacheError as e:
-            entry = self.entry_dir(key)
-            aside = self.root / "tmp" / f"{key}.corrupt.{os.getpid()}.{time.time_ns()}"
-            try:
-                os.rename(entry, aside)
-            except FileNotFoundError:
-                pass  # another process already moved it
-            warnings.warn(f"{e}; moved aside to {aside} and rebuilding", stacklevel=3)
-            return None
+            os.rename(entry, aside)
+        except FileNotFoundError:
+            pass  # another process already moved it
+        warnings.warn(f"{error}; moved aside to {aside} and rebuilding", stacklevel=4)
+        self._prune_quarantine()
+
+    def _quarantined(self) -> list:
+        """Moved-aside corrupt entries in tmp/, newest first."""
+        copies = (self.root / "tmp").glob("*.corrupt.*")
+        return sorted(copies, key=lambda p: int(p.name.split(".")[2]), reverse=True)
+
+    def _prune_quarantine(self):
+        for old in self._quarantined()[QUARANTINE_KEEP:]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def entries(self) -> list[dict]:
-        """Metadata of every entry, with a `status` of ok or corrupt."""
+        """Metadata of every entry, with a `status` of ok or corrupt; entries
+        of the read-only shared cache are marked `shared`."""
         out = []
-        for entry in sorted((self.root / "kernels").iterdir()):
-            try:
-                lib = self.lookup(entry.name)
-                out.append({**lib.metadata, "key": entry.name, "path": str(lib.path), "status": "ok"})
-            except CacheError as e:
-                out.append({"key": entry.name, "path": str(entry), "status": "corrupt",
-                            "error": str(e)})
+        for kernels in self._stores():
+            shared = kernels != self.root / "kernels"
+            for entry in sorted(kernels.iterdir()):
+                try:
+                    lib = _read_entry(entry)
+                    item = {**lib.metadata, "key": entry.name, "path": str(lib.path), "status": "ok"}
+                except CacheError as e:
+                    item = {"key": entry.name, "path": str(entry), "status": "corrupt", "error": str(e)}
+                out.append({**item, "shared": True} if shared else item)
         return out
 
     def prune(self) -> int:
-        """Remove corrupt entries and leftovers of builds killed over an hour ago."""
+        """Remove this cache's corrupt entries and leftovers of builds killed
+        over an hour ago (the shared cache is read-only)."""
         removed = 0
         for item in self.entries():
-            if item["status"] == "corrupt":
+            if item["status"] == "corrupt" and not item.get("shared"):
                 shutil.rmtree(item["path"], ignore_errors=True)
                 removed += 1
         for leftover in (self.root / "tmp").iterdir():

@@ -45,8 +45,10 @@ class TuningDatabase:
 
     @classmethod
     def default(cls) -> "TuningDatabase":
-        from .build import default_cache_dir
-        return cls(default_cache_dir() / "tuning.sqlite")
+        """The one in the writable build cache (the per-user one while
+        `$DISPATCHER_CACHE_DIR` is a read-only shared cache), as `Dispatcher` reads."""
+        from .build import BuildCache
+        return cls(BuildCache().root / "tuning.sqlite")
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)

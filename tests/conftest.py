@@ -39,3 +39,29 @@ def make_importable(site, package_dir, dist_name, entry_name, module):
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text(f"[dispatcher.plugins]\n{entry_name} = {module}\n")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def wait_until(condition, children, timeout: float, what: str, log=None):
+    """Poll `condition` every 0.1 s until it holds. Fails as soon as every
+    child in `children` (Popen or multiprocessing.Process objects) has exited
+    with the condition still false, since nothing is left to make it true,
+    and after `timeout` s at most; `log`: a file whose tail goes with the failure."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        alive = [c for c in children if (c.poll() if hasattr(c, "poll") else c.exitcode) is None]
+        if children and not alive and not condition():
+            codes = [c.returncode if hasattr(c, "returncode") else c.exitcode for c in children]
+            pytest.fail(f"waiting for {what}: the child process(es) exited ({codes}) first"
+                        + _tail(log))
+        if time.monotonic() > deadline:
+            pytest.fail(f"waiting for {what}: none after {timeout:g} s" + _tail(log))
+        time.sleep(0.1)
+
+
+def _tail(log, lines: int = 15) -> str:
+    if log is None or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return "\n" + "".join(f.readlines()[-lines:])

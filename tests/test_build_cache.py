@@ -1,17 +1,26 @@
 """The content-addressed build cache: reuse, atomic publish, concurrency, corruption."""
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
+import pwd
+import queue
+import shutil
 import stat
+from pathlib import Path
 
 import pytest
 
 import dispatcher
-from dispatcher import errors
+from dispatcher import build, errors
 from dispatcher.api import Dispatcher
 from dispatcher.build import BuildCache
 from dispatcher.library import Library
+from dispatcher.targets import cpu_isa
+from dispatcher.tuning import TuningDatabase
+
+from conftest import wait_until
 
 SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 
@@ -33,10 +42,40 @@ def _source(**fields):
     return d.codegen(dispatcher.KernelConfig.create(**{**SMALL, **fields}))
 
 
-def test_second_build_compiles_nothing(tmp_path):
+def _toolchain():
     from dispatcher.targets.cpu import Toolchain
+    return Toolchain.find(cpu_isa.active().name)
+
+
+def _modes(folder: Path) -> dict:
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in (folder, *folder.rglob("*"))}
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """make(folder): `folder` becomes read-only to this process, by its mode
+    and, since root writes through any mode, by the cache's writability check
+    too. Modes are restored afterwards so that pytest can delete the folder."""
+    folders = []
+    writable = build._writable
+    monkeypatch.setattr(build, "_writable",
+                        lambda p: writable(p) and not any(Path(p).is_relative_to(f) for f in folders))
+
+    def make(folder: Path):
+        folders.append(folder)
+        for d in (folder, *folder.rglob("*")):
+            if d.is_dir():
+                d.chmod(0o555)
+    yield make
+    for folder in folders:
+        for d in (folder, *folder.rglob("*")):
+            if d.is_dir():
+                d.chmod(0o755)
+
+
+def test_second_build_compiles_nothing(tmp_path):
     cache = BuildCache(tmp_path / "cache")
-    tc = CountingToolchain(Toolchain.find())
+    tc = CountingToolchain(_toolchain())
     source = _source(dtype="fp16")
     first = cache.build(source, tc)
     second = BuildCache(tmp_path / "cache").build(source, tc)
@@ -52,9 +91,8 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 
 
 def _build_in_child(root, queue):
-    from dispatcher.targets.cpu import Toolchain
     try:
-        built = BuildCache(root).build(_source(dtype="bf16", layout="crr"), Toolchain.find())
+        built = BuildCache(root).build(_source(dtype="bf16", layout="crr"), _toolchain())
         queue.put(str(built.path))
     except Exception as e:  # reported to the parent
         queue.put(f"error: {e!r}")
@@ -62,24 +100,34 @@ def _build_in_child(root, queue):
 
 def test_two_processes_building_the_same_config(tmp_path):
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    reports = ctx.Queue()
     root = str(tmp_path / "shared")
-    procs = [ctx.Process(target=_build_in_child, args=(root, queue)) for _ in range(2)]
+    procs = [ctx.Process(target=_build_in_child, args=(root, reports)) for _ in range(2)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
+    results = []
+
+    def both_reported():
+        try:
+            while True:
+                results.append(reports.get_nowait())
+        except queue.Empty:
+            return len(results) == len(procs)
+    try:
+        wait_until(both_reported, procs, 300, "both builders' results")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            p.kill()
     assert all(not r.startswith("error") for r in results), results
     assert results[0] == results[1]
     assert len(list((tmp_path / "shared" / "kernels").iterdir())) == 1
 
 
 def test_corrupt_entry_is_detected_and_rebuilt(tmp_path):
-    from dispatcher.targets.cpu import Toolchain
     cache = BuildCache(tmp_path / "cache")
     source = _source(dtype="int8")
-    built = cache.build(source, Toolchain.find())
+    built = cache.build(source, _toolchain())
     with open(built.path, "r+b") as f:  # flip bytes in the middle of the library
         f.seek(os.path.getsize(built.path) // 2)
         f.write(b"\xde\xad\xbe\xef")
@@ -87,16 +135,15 @@ def test_corrupt_entry_is_detected_and_rebuilt(tmp_path):
         cache.lookup(built.key)
     assert [e["status"] for e in cache.entries()] == ["corrupt"]
     with pytest.warns(UserWarning, match="corrupt"):
-        rebuilt = cache.build(source, Toolchain.find())
+        rebuilt = cache.build(source, _toolchain())
     assert Library(rebuilt.path, expected_name=source.name)
     assert cache.lookup(built.key) is not None
 
 
 def test_metadata_records_the_config(tmp_path):
-    from dispatcher.targets.cpu import Toolchain
     cache = BuildCache(tmp_path / "cache")
     source = _source()
-    built = cache.build(source, Toolchain.find())
+    built = cache.build(source, _toolchain())
     meta = json.loads((built.path.parent / "meta.json").read_text())
     assert meta["name"] == source.name
     assert dispatcher.KernelConfig.from_dict(meta["config"]) == source.config
@@ -111,3 +158,92 @@ def test_killed_build_leaves_no_entry(tmp_path):
     assert cache.entries() == []
     assert cache.prune() == 1
     assert not stale.exists()
+
+
+def test_an_existing_cache_folder_keeps_its_mode(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # e.g. a folder all users of a machine share
+    BuildCache(shared)
+    Dispatcher(cache=BuildCache(shared))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "kernels").stat().st_mode) == 0o700  # what it creates is private
+
+
+def test_a_read_only_shared_cache_is_read_and_builds_go_to_the_user_cache(tmp_path, monkeypatch,
+                                                                          read_only):
+    shared, xdg = tmp_path / "shared", tmp_path / "xdg"
+    prebuilt, missing = _source(dtype="fp16", layout="ccr"), _source(dtype="bf16", layout="ccr")
+    BuildCache(shared).build(prebuilt, _toolchain())
+    read_only(shared)
+    modes = _modes(shared)
+    monkeypatch.setenv("DISPATCHER_CACHE_DIR", str(shared))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    cache, tc = BuildCache(), CountingToolchain(_toolchain())
+    assert (cache.shared, cache.root) == (shared, xdg / "gemm-dispatcher")
+    assert cache.build(prebuilt, tc).path.is_relative_to(shared) and tc.compiles == 0
+    assert cache.build(missing, tc).path.is_relative_to(cache.root) and tc.compiles == 1
+    assert sorted(e.get("shared", False) for e in cache.entries()) == [False, True]
+    assert Dispatcher().library(prebuilt.config).name == prebuilt.name
+    assert TuningDatabase.default().path.parent == cache.root == Dispatcher().tuning.path.parent
+    assert _modes(shared) == modes  # nothing in it changed, nothing added
+
+
+def _no_passwd_entry(uid):
+    raise KeyError(uid)
+
+
+@pytest.mark.parametrize("problem", ["a file", "read-only", "read-only everywhere", "no home"])
+def test_cache_problems_are_errors_that_say_what_to_do(problem, tmp_path, monkeypatch, read_only):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "cache"
+    if problem == "a file":
+        root.write_text("")
+    elif problem == "read-only":  # and nothing prebuilt in it to read
+        root.mkdir()
+        read_only(root)
+    elif problem == "read-only everywhere":  # a prebuilt cache, but no writable one to build into
+        (root / "kernels").mkdir(parents=True)
+        (tmp_path / "xdg").mkdir()
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        read_only(root)
+        read_only(tmp_path / "xdg")
+    else:
+        root = None
+        for name in ("DISPATCHER_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(pwd, "getpwuid", _no_passwd_entry)
+    with pytest.raises(errors.CacheError, match="set DISPATCHER_CACHE_DIR to a writable directory"):
+        BuildCache(root)
+
+
+def test_a_library_swapped_for_another_kernels_is_corrupt_and_rebuilt(tmp_path):
+    """Another kernel's library with its hash recomputed: `kernels` reports the
+    entry corrupt, and loading rebuilds it instead of failing for ever."""
+    cache = BuildCache(tmp_path / "cache")
+    d = Dispatcher(cache=cache, tuning=None)
+    victim, other = (dispatcher.KernelConfig.create(**SMALL, dtype=t) for t in ("fp16", "bf16"))
+    built, donor = (d.build(d.codegen(c)) for c in (victim, other))
+    shutil.copy(donor.path, built.path)
+    meta_path = built.path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["sha256"] = hashlib.sha256(built.path.read_bytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    assert {e["key"]: e["status"] for e in cache.entries()}[built.key] == "corrupt"
+    with pytest.warns(UserWarning, match="another kernel's library"):
+        assert d.library(victim).name == victim.name
+    assert [e["status"] for e in cache.entries()] == ["ok", "ok"]
+
+
+def test_only_the_newest_quarantined_copies_are_kept(tmp_path):
+    cache = BuildCache(tmp_path / "cache")
+    source = _source(dtype="bf16")
+    built = cache.build(source, _toolchain())
+    for stamp in range(1, 6):  # copies set aside earlier, oldest first
+        (cache.root / "tmp" / f"{built.key}.corrupt.{stamp}.1").mkdir()
+    built.path.write_bytes(b"")
+    with pytest.warns(UserWarning, match="corrupt"):
+        cache.build(source, _toolchain())
+    kept = sorted(p.name for p in (cache.root / "tmp").glob("*.corrupt.*"))
+    assert len(kept) == build.QUARANTINE_KEEP
+    assert f"{built.key}.corrupt.4.1" in kept and f"{built.key}.corrupt.5.1" in kept  # and the new one

@@ -41,7 +41,7 @@ class Bench:
         """The cached library of `config`, or an error: workers never build."""
         from ..library import Library
         source = self.d.codegen(config)
-        built = self.d.cache.lookup(self.d.cache.key(source, self.target.toolchain(config)))
+        built = self.d.cache.lookup(self.d.cache.key(source, self.target.toolchain(config)), config.name)
         if built is None:
             raise RuntimeError("not built (run the build phase first)")
         return Library(built.path, expected_name=config.name, config=config)
