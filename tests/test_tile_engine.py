@@ -1,13 +1,13 @@
 """The tile engine: expansion, problem files, isolation of faulty kernels,
 resume after a kill, results, the tuning database feeding selection."""
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from dispatcher.problem import GemmProblem
 from dispatcher.tile_engine import problems, results, sweep
 from dispatcher.tuning import TuningDatabase
 
-from conftest import make_importable
+from conftest import make_importable, wait_until
 
 HERE = Path(__file__).resolve().parent
 SMALL_PROBLEMS = [[64, 96, 80], [33, 65, 17], [128, 128, 128]]
@@ -128,6 +128,13 @@ def test_crash_hang_and_wrong_kernels_fail_their_rows_only(tmp_path, faulty_env)
     assert "environment" in json.loads(lines[0]) and len(lines) == 1 + len(rows)
 
 
+def _kill_session(proc):
+    """Kill a child started with start_new_session and everything it started."""
+    with contextlib.suppress(ProcessLookupError):  # all gone already
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
 def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     out = tmp_path / "out"
     config = {"behaviour": {"values": ["ok"]}, "tile_m": {"values": [12, 24, 36, 48]},
@@ -139,13 +146,14 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     # slow enough (~0.1 s a measurement) that the kill lands mid-sweep
     cmd = [sys.executable, "-m", "dispatcher", "sweep", str(cfg), "--problems", str(probs),
            "--variant", "faulty", "--quiet", "--repeat", "20000", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=faulty_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and len(results.read(out)) < 4:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, env=faulty_env, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    try:
+        wait_until(lambda: len(results.read(out)) >= 4, [proc], 300, "4 result rows", log)
+    finally:
+        _kill_session(proc)
     before = results.read(out)
     assert 4 <= len(before) < 8 * len(SMALL_PROBLEMS), "the kill came too late to test anything"
     done = sweep_cli(tmp_path, config, "--variant", "faulty", "--out", str(out), "--resume",
@@ -155,6 +163,55 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     keys = [(r["kernel"], r["problem_idx"]) for r in rows]
     assert len(keys) == len(set(keys)) == 8 * len(SMALL_PROBLEMS)
     assert {(r["kernel"], r["problem_idx"]) for r in before} <= set(keys)
+
+
+def _processes() -> dict:
+    """{pid: (parent pid, session id, start time, state)} of every process, from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue  # it exited meanwhile
+        if stat:  # fields after "(comm)": state ppid pgrp session ... starttime (the 20th)
+            fields = stat[stat.rindex(")") + 2:].split()
+            table[int(entry.name)] = (int(fields[1]), int(fields[3]), fields[19], fields[0])
+    return table
+
+
+def _session(sid: int) -> set:
+    """The live (not zombie) processes of session `sid`: (pid, start time)."""
+    return {(pid, p[2]) for pid, p in _processes().items() if p[1] == sid and p[3] != "Z"}
+
+
+def _compiling(sweep_pid: int) -> bool:
+    """Whether a build worker of the sweep runs a compiler (a grandchild)."""
+    table = _processes()
+    workers = {pid for pid, p in table.items() if p[0] == sweep_pid}
+    return any(p[0] in workers for p in table.values())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_sweep_killed_while_building_leaves_no_process(tmp_path):
+    """Its build pool dies with it instead of blocking for ever on its work queue."""
+    env = {**os.environ, "DISPATCHER_CACHE_DIR": str(tmp_path / "cache")}  # all to build
+    cfg = tmp_path / "sweep.json"
+    cfg.write_text(json.dumps({"tile_m": {"values": [12 * i for i in range(1, 9)]},
+                               "tile_n": {"values": [32]}, "tile_k": {"values": [32]}}))
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "sweep", str(cfg), "--quiet",
+                                 "--workers", "2", "--out", str(tmp_path / "out")],
+                                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        wait_until(lambda: _compiling(proc.pid), [proc], 120, "a compile of the build phase", log)
+        assert len(_session(proc.pid)) >= 3  # the sweep, its pool, a compiler
+        proc.kill()  # the sweep only, as an OOM kill or `kill -9 PID` would
+        proc.wait(timeout=60)
+        wait_until(lambda: not _session(proc.pid), [], 60,
+                   "every process of the killed sweep to exit (its pool workers, their compilers)")
+    finally:
+        _kill_session(proc)
 
 
 def test_cpu_fake_device_list_merges_results(tmp_path):
