@@ -5,23 +5,69 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 import attrs
 
 from . import dtypes, targets
 from .api import Dispatcher
-from .errors import DispatcherError
+from .build import BuildCache
+from .config import LAYOUTS
+from .errors import ConfigError, DispatcherError, ProblemError
 from .plugins import get_manager
 from .problem import prepare_gemm, prepare_grouped
 from .timing import TimingOptions, measure, median
 from .verify import max_rel, random_matrix, reference, tolerance
 
 
-def _parse_groups(text: str) -> list:
+CLI_LAYOUTS = tuple(l for l in LAYOUTS if l[2] == "r")  # the CLI's outputs are row-major
+LEGACY_STREAMK = "legacy-streamk-benchmark"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every help shows the defaults; a usage error is one line and exit
+    status 2, like every other error of the command."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _at_least(low, kind=int):
+    """An argparse type: a `kind` number >= low, so that a count or size the
+    API would reject is a usage error naming the option."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants a number >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    return parse
+
+
+def _target(name: str) -> str:
+    """--target, checked by the API's own rule: the same message as `gemm(target=...)`."""
     try:
-        return [tuple(int(v) for v in g.lower().split("x")) for g in text.split(",") if g]
+        targets.get(name)
+    except DispatcherError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
+def _groups(text: str) -> list:
+    """--groups MxNxK[,MxNxK...], sizes >= 0 as `grouped_gemm` accepts them."""
+    try:
+        groups = [tuple(int(v) for v in g.lower().split("x")) for g in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--groups wants MxNxK[,MxNxK...], got {text!r}") from None
+        groups = []
+    if not groups or any(len(g) != 3 or min(g) < 0 for g in groups):
+        raise argparse.ArgumentTypeError(f"wants MxNxK[,MxNxK...] with sizes >= 0, got {text!r}")
+    return groups
 
 
 def _parse_config(items) -> dict:
@@ -29,13 +75,23 @@ def _parse_config(items) -> dict:
     config = {}
     for item in items or ():
         if item.lstrip().startswith("{"):
-            config.update(json.loads(item))
+            config.update(_json_object(item))
             continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--config wants key=value, got {item!r}")
+            raise ConfigError(f"--config wants key=value or a JSON object, got {item!r}")
         config[key] = int(value) if value.lstrip("-").isdigit() else value
     return config or None
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--config {text!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--config {text!r} is not a JSON object")
+    return value
 
 
 def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32", layout="rcr",
@@ -46,6 +102,9 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
 
     rng = np.random.default_rng(seed)
     kind = get_manager().variant(variant).problem_kind
+    if groups and kind != "grouped":
+        raise ProblemError(f"--groups needs a grouped variant (--variant grouped); {variant!r} "
+                           "runs one problem of --m, --n, --k")
     if kind == "grouped":
         shapes = groups or [(m, n, k)]
         As = [random_matrix(gm, gk, dtype, layout[0], rng) for gm, _, gk in shapes]
@@ -95,8 +154,7 @@ def cmd_plugins(args):
 
 
 def cmd_run(args):
-    groups = _parse_groups(args.groups) if args.groups else None
-    row = run_once(Dispatcher(), variant=args.variant, m=args.m, n=args.n, k=args.k, groups=groups,
+    row = run_once(Dispatcher(), variant=args.variant, m=args.m, n=args.n, k=args.k, groups=args.groups,
                    dtype=args.dtype, layout=args.layout, target=args.target,
                    out_dtype=args.out_dtype, config=_parse_config(args.config),
                    verify=args.verify, strict=args.strict,
@@ -114,7 +172,7 @@ def cmd_run(args):
 
 
 def cmd_kernels(args):
-    cache = Dispatcher().cache
+    cache = BuildCache()
     if args.prune:
         print(f"removed {cache.prune()} corrupt or stale item(s) from {cache.root}")
         return 0
@@ -122,9 +180,11 @@ def cmd_kernels(args):
     if args.json:
         print(json.dumps(entries, indent=1))
         return 0
-    print(f"{len(entries)} kernel(s) in {cache.root}")
+    shared = f" and the read-only shared cache {cache.shared}" if cache.shared else ""
+    print(f"{len(entries)} kernel(s) in {cache.root}{shared}")
     for e in entries:
-        print(f"  {e['status']:7} {e.get('name', e['key'])}  ({e.get('build_seconds', '?')} s build)")
+        print(f"  {e['status']:7} {e.get('name', e['key'])}  ({e.get('build_seconds', '?')} s build)"
+              + ("  [shared]" if e.get("shared") else ""))
     return 0
 
 
@@ -233,64 +293,73 @@ def cmd_migrate(args):
     return 0
 
 
-def cmd_legacy_streamk(args):
+def cmd_legacy_streamk(argv) -> int:
     from .legacy import driver
-    return driver.main(args.rest)
+    return driver.main(argv)
+
+
+def _problem_options(s):
+    """The options `run` and `sweep` share: what to run and how to time it."""
+    s.add_argument("--variant", default="regular",
+                   help="regular, stream_k, grouped or a plugin's (see `gemm-dispatcher plugins`)")
+    s.add_argument("--target", default="cpu", type=_target, metavar="{" + ",".join(targets.names()) + "}",
+                   help="where kernels run")
+    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS, help="input dtype")
+    s.add_argument("--out-dtype", help="output dtype; None: CK's rule (fp8 -> fp16, int8 -> int32, "
+                                       "else the input's)")
+    s.add_argument("--layout", default="rcr", choices=CLI_LAYOUTS,
+                   help="A, B, C storage: r row-, c column-major (C is row-major here)")
+    s.add_argument("--warmup", type=_at_least(0), default=3, help="untimed runs first")
+    s.add_argument("--repeat", type=_at_least(1), default=10, help="timed runs; the median is reported")
+    s.add_argument("--verify", action="store_true", help="compare with a float64 reference")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gemm-dispatcher", description=__doc__)
+    p = _Parser(prog="gemm-dispatcher", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("plugins", help="list plugins, their variants, hooks and status")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_plugins)
 
-    s = sub.add_parser("run", help="build if needed, run and time one problem")
-    s.add_argument("--variant", default="regular")
-    s.add_argument("--m", type=int, default=1024)
-    s.add_argument("--n", type=int, default=1024)
-    s.add_argument("--k", type=int, default=1024)
-    s.add_argument("--groups", help="grouped problems: MxNxK[,MxNxK...]")
-    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS)
-    s.add_argument("--out-dtype")
-    s.add_argument("--layout", default="rcr", help="A, B, C layout chars (C is r)")
-    s.add_argument("--target", default="cpu")
-    s.add_argument("--config", nargs="*", help="config fields: key=value ... or a JSON object")
-    s.add_argument("--warmup", type=int, default=3)
-    s.add_argument("--repeat", type=int, default=10)
-    s.add_argument("--verify", action="store_true", help="compare with a float64 reference")
+    s = sub.add_parser("run", help="build if needed, run and time one problem",
+                       description="Build if needed, run and time one problem. M, N and K are >= 1: "
+                                   "a zero size runs no kernel to time (the API returns an empty "
+                                   "result for it).")
+    s.add_argument("--m", type=_at_least(1), default=1024, help="rows of A and C")
+    s.add_argument("--n", type=_at_least(1), default=1024, help="columns of B and C")
+    s.add_argument("--k", type=_at_least(1), default=1024, help="columns of A and rows of B")
+    s.add_argument("--groups", type=_groups,
+                   help="a grouped variant's problems: MxNxK[,MxNxK...], sizes >= 0 (None: one of "
+                        "--m, --n, --k)")
+    _problem_options(s)
+    s.add_argument("--config", nargs="*", help="config fields: key=value ... or a JSON object "
+                                               "(None: selected for the problem)")
     s.add_argument("--strict", action="store_true", help="no fallback on status -2")
-    s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("kernels", help="what the build cache holds")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--prune", action="store_true", help="remove corrupt entries and stale temp files")
     s.set_defaults(fn=cmd_kernels)
 
     s = sub.add_parser("sweep", help="tile engine: expand a sweep config, build, benchmark, tune")
     s.add_argument("config", help="sweep config JSON ({axis: {values: [...]} | {min, max, step}})")
-    s.add_argument("--variant", default="regular")
-    s.add_argument("--target", default="cpu")
-    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS)
-    s.add_argument("--out-dtype")
-    s.add_argument("--layout", default="rcr")
-    s.add_argument("--problems", help="problem file (default: a built-in set)")
-    s.add_argument("--workers", type=int, default=0, help="build processes (default: CPUs)")
+    _problem_options(s)
+    s.add_argument("--problems", help="problem file (None: a built-in set)")
+    s.add_argument("--workers", type=_at_least(0), default=0, help="build processes (0: one per CPU)")
     s.add_argument("--devices", help="benchmark workers, one per id: 0,1 (0,0: two on GPU 0); "
-                                     "on the CPU each worker gets a share of the CPUs")
-    s.add_argument("--kernel-timeout", type=float, default=60.0, help="seconds per measurement")
-    s.add_argument("--max-kernels", type=int, default=0)
-    s.add_argument("--warmup", type=int, default=3)
-    s.add_argument("--repeat", type=int, default=10)
-    s.add_argument("--rotating", type=int, default=1, help="input sets cycled while timing")
+                                     "on the CPU each worker gets a share of the CPUs (None: every "
+                                     "GPU, or one CPU worker)")
+    s.add_argument("--kernel-timeout", type=_at_least(0.1, float), default=60.0,
+                   help="seconds per measurement")
+    s.add_argument("--max-kernels", type=_at_least(0), default=0, help="build at most this many (0: all)")
+    s.add_argument("--rotating", type=_at_least(1), default=1, help="input sets cycled while timing")
     s.add_argument("--no-flush", action="store_true", help="GPU: do not flush L2 before each timed run")
-    s.add_argument("--verify", action="store_true")
-    s.add_argument("--out", default="sweep_results")
+    s.add_argument("--out", default="sweep_results", help="results folder")
     s.add_argument("--resume", action="store_true", help="skip measurements already in --out")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
-    s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("report", help="winners per problem and a throughput plot of sweep results")
@@ -312,25 +381,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $DISPATCHER_CPU_ISA, else the best this machine runs)")
     s.set_defaults(fn=cmd_migrate)
 
-    s = sub.add_parser("legacy-streamk-benchmark", add_help=False,
-                       help="drop-in for CK's gemm_streamk_benchmark.py (deprecated)")
-    s.add_argument("rest", nargs=argparse.REMAINDER)
-    s.set_defaults(fn=cmd_legacy_streamk)
+    # listed here; main() hands every argument after it to CK's parser (--help too)
+    sub.add_parser(LEGACY_STREAMK, add_help=False,
+                   help="drop-in for CK's gemm_streamk_benchmark.py (deprecated); see its --help")
 
     s = sub.add_parser("demo", help="run every variant on the CPU, verified")
     s.set_defaults(fn=cmd_demo)
     return p
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings as one line each, like the command's errors (no source line)."""
+    print(f"gemm-dispatcher: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except BrokenPipeError:  # e.g. `gemm-dispatcher kernels | head`
-        return 0
-    except DispatcherError as e:
-        print(f"gemm-dispatcher: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        try:
+            if argv[:1] == [LEGACY_STREAMK]:
+                return cmd_legacy_streamk(argv[1:])
+            args = build_parser().parse_args(argv)
+            return args.fn(args)
+        except BrokenPipeError:  # e.g. `gemm-dispatcher kernels | head`
+            return 0
+        except (DispatcherError, OSError) as e:  # OSError: a file or folder named on the command line
+            print(f"gemm-dispatcher: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from importlib import metadata
 
 import attrs
@@ -57,7 +58,9 @@ class PluginManager:
                     if s.strip()}
         if entry_points is None:
             entry_points = metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
-        for ep in sorted(entry_points, key=lambda e: e.name):
+        entry_points = sorted(entry_points, key=lambda e: e.name)
+        _warn_unknown_disabled(disabled, [ep.name for ep in entry_points])
+        for ep in entry_points:
             dist = getattr(ep, "dist", None)
             version = dist.version if dist else "?"
             source = f"{dist.name if dist else '?'}: {ep.value}"
@@ -117,6 +120,14 @@ class PluginManager:
             variants = tuple(sorted(n for n, r in self._variants.items() if r.provider == name))
             out.append(attrs.evolve(info, hooks=hooks, variants=variants))
         return out
+
+
+def _warn_unknown_disabled(disabled: set, installed: list):
+    """A misspelt DISPATCHER_DISABLE_PLUGINS name would silently disable nothing."""
+    unknown = sorted(disabled - set(installed))
+    if unknown:
+        warnings.warn(f"DISPATCHER_DISABLE_PLUGINS names no installed plugin: {', '.join(unknown)}; "
+                      f"installed: {', '.join(installed) or '(none)'}", stacklevel=4)
 
 
 def _version(dist_name: str) -> str:

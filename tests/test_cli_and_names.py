@@ -5,25 +5,39 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import dispatcher
+from dispatcher import errors
 from dispatcher.api import default_dispatcher
+from dispatcher.cli import main
+from dispatcher.plugins import PluginManager
 
 
-def cli(*args):
+def cli(*args, env=None):
     proc = subprocess.run([sys.executable, "-m", "dispatcher", *args], capture_output=True,
-                          text=True, timeout=600, env=os.environ)
+                          text=True, timeout=600, env=env or os.environ)
     return proc
+
+
+def cli_in_process(capsys, *args) -> tuple:
+    """(exit status, stdout, stderr) of `gemm-dispatcher ARGS` run in this process."""
+    try:
+        status = main(list(args))
+    except SystemExit as e:  # argparse: usage errors and --help
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def test_name_is_stable_and_documented():
     config = dispatcher.KernelConfig.create(dtype="fp16", layout="rrr", tile_m=96, tile_n=128,
-                                            tile_k=256)
-    assert config.name == "gemm_fp16_fp16_rrr_96x128x256_cpu_mt12x32_t0"
+                                            tile_k=256, isa="avx2")
+    assert config.name == "gemm_fp16_fp16_rrr_96x128x256_cpu_avx2_mt6x16_t0"
     sk = dispatcher.KernelConfig.create(variant="stream_k", dtype="fp8_e4m3", dtype_c="bf16",
-                                        tile_m=48, tile_n=64, tile_k=256)
-    assert sk.name == "gemm_fp8_e4m3_bf16_rcr_48x64x256_cpu_mt12x32_t0_streamk_linear_hybrid"
+                                        tile_m=48, tile_n=64, tile_k=256, isa="avx512")
+    assert sk.name == "gemm_fp8_e4m3_bf16_rcr_48x64x256_cpu_avx512_mt12x32_t0_streamk_linear_hybrid"
     assert dispatcher.KernelConfig.create(variant="grouped").name.endswith("_grouped")
     assert dispatcher.KernelConfig.from_dict(sk.to_dict()) == sk
 
@@ -64,3 +78,51 @@ def test_cli_kernels_and_plugins():
     assert all(k["status"] == "ok" for k in kernels)
     plugins = json.loads(cli("plugins", "--json").stdout)
     assert {"regular", "grouped", "stream_k"} <= {v for p in plugins for v in p["variants"]}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "--m", "-5"], "argument --m: must be >= 1, got -5"),
+    (["run", "--m", "0"], "argument --m: must be >= 1, got 0"),
+    (["run", "--repeat", "0"], "argument --repeat: must be >= 1"),
+    (["run", "--variant", "grouped", "--groups", "128x512"], "wants MxNxK[,MxNxK...]"),
+    (["run", "--m", "8", "--groups", "8x8x8"], "--groups needs a grouped variant"),
+    (["run", "--layout", "xyz"], "invalid choice: 'xyz' (choose from 'rcr', 'rrr', 'crr', 'ccr')"),
+    (["run", "--layout", "RCR"], "invalid choice: 'RCR' (choose from 'rcr', 'rrr', 'crr', 'ccr')"),
+    (["run", "--config", "{bad"], "is not valid JSON"),
+    (["run", "--config", "tile_m"], "--config wants key=value"),
+    (["sweep", "missing.json"], "cannot read sweep config missing.json"),
+    (["sweep", "missing.json", "--kernel-timeout", "0"], "argument --kernel-timeout: must be >= 0.1"),
+])
+def test_cli_errors_are_one_line_with_status_2(capsys, args, says):
+    status, _, err = cli_in_process(capsys, *args)
+    assert status == 2 and says in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_and_api_report_an_unknown_target_alike(capsys):
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(errors.ConfigError) as api:
+        dispatcher.gemm(a, a, target="gpu")
+    status, _, err = cli_in_process(capsys, "run", "--target", "gpu")
+    assert status == 2 and str(api.value) in err
+
+
+def test_cli_help_shows_defaults_and_choices(capsys):
+    status, out, _ = cli_in_process(capsys, "run", "--help")
+    assert status == 0
+    assert "(default: 1024)" in out and "(default: rcr)" in out
+    assert "{rcr,rrr,crr,ccr}" in out and "{cpu,cuda}" in out
+
+
+def test_legacy_streamk_benchmark_help(capsys):
+    status, out, _ = cli_in_process(capsys, "legacy-streamk-benchmark", "--help")
+    assert status == 0 and "--problem-sizes" in out
+
+
+def test_an_unknown_plugin_name_to_disable_is_reported(monkeypatch):
+    monkeypatch.setenv("DISPATCHER_DISABLE_PLUGINS", "stream_kk")
+    with pytest.warns(UserWarning, match="names no installed plugin: stream_kk; installed: .*stream_k"):
+        PluginManager()
+    proc = cli("plugins", "--json", env={**os.environ, "DISPATCHER_DISABLE_PLUGINS": "stream_kk"})
+    warning, = proc.stderr.strip().splitlines()
+    assert proc.returncode == 0 and warning.startswith("gemm-dispatcher: warning: ") and "stream_kk" in warning

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
+
 GEMM_COLUMNS = ["kernel", "problem_idx", "M", "N", "K", "device", "latency_ms", "tflops", "non_zero",
                 "max_rel", "verified", "status", "reason"]
 GROUPED_COLUMNS = ["kernel", "problem_idx", "group_count", "total_flops", "latency_ms", "tflops",
@@ -53,7 +55,7 @@ class ResultWriter:
             with open(self.csv_path, newline="") as f:
                 header = next(csv.reader(f), [])
             if header != self.columns:
-                raise ValueError(f"{self.csv_path} has columns {header}, expected {self.columns}; "
+                raise ConfigError(f"{self.csv_path} has columns {header}, expected {self.columns}; "
                                  "use another --out")
         self._csv = open(self.csv_path, "a", newline="")
         self._writer = csv.DictWriter(self._csv, fieldnames=self.columns, extrasaction="ignore")

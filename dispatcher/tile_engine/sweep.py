@@ -41,9 +41,15 @@ def load(path_or_dict) -> dict:
     if isinstance(path_or_dict, dict):
         return path_or_dict
     try:
-        return json.loads(Path(path_or_dict).read_text())
+        raw = json.loads(Path(path_or_dict).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read sweep config {path_or_dict}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"sweep config {path_or_dict} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep config {path_or_dict} must be a JSON object of axes, "
+                          f"got a {type(raw).__name__}")
+    return raw
 
 
 def flatten(raw: dict) -> dict:
