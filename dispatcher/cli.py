@@ -24,12 +24,20 @@ CLI_LAYOUTS = tuple(l for l in LAYOUTS if l[2] == "r")  # the CLI's outputs are 
 LEGACY_STREAMK = "legacy-streamk-benchmark"
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends an option's default unless its help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        return text if "default" in text else super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """Every help shows the defaults; a usage error is one line and exit
     status 2, like every other error of the command."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):

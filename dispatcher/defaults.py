@@ -33,9 +33,14 @@ def dispatcher_select_library(problem, candidates, tuning):
 def estimated_cost(problem, config) -> float:
     """Relative time of `config` on `problem`: the waves of block tiles over
     the target's parallel workers, each costing its padded area plus the
-    packing overhead that makes small tiles slow."""
-    workers = targets.get(config.target).parallelism(config)
+    overhead of loading its A and B blocks, which makes small tiles slow. A
+    B block a worker reuses for several tiles in a row (the target's
+    `panel_reuse`) costs its share once."""
+    target = targets.get(config.target)
+    workers = target.parallelism(config)
     tiles = problem.tile_count(config.tile_m, config.tile_n)
     waves = math.ceil(tiles / workers)
-    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_m + 24.0 / config.tile_n)
+    reuse = target.panel_reuse(problem, config, workers)
+    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_n
+                                                + 24.0 / (config.tile_m * reuse))
     return waves * per_tile

@@ -51,13 +51,14 @@ class Toolchain(CompilerMixin):
         if isa.machine == cpu_isa.host_machine():
             candidate = os.environ.get("CXX") or "g++"
             path = shutil.which(candidate) or shutil.which("c++")
+            advice = "install g++ with OpenMP (e.g. `apt-get install g++`) or set CXX"
         else:
             candidate = CROSS_COMPILERS.get(isa.machine, f"{isa.machine}-linux-gnu-g++")
             path = shutil.which(candidate)
+            advice = f"install the cross compiler (e.g. `apt-get install {candidate}`)"
         if not path:
-            raise ToolchainError(
-                f"no C++ compiler for ISA {isa.name} found (looked for {candidate!r} on PATH): "
-                "install g++ with OpenMP (e.g. `apt-get install g++`) or set CXX")
+            raise ToolchainError(f"no C++ compiler for ISA {isa.name} found (looked for "
+                                 f"{candidate!r} on PATH): {advice}")
         flags = ("-O3", *isa.march, "-fopenmp", "-std=c++17", "-fPIC", "-shared",
                  "-fvisibility=hidden", f"-I{NATIVE_DIR}")
         return cls(path, flags, isa.name)
@@ -152,6 +153,12 @@ class CpuTarget:
     def arch_id(self) -> str:
         """What a tuning result is valid for: the active ISA."""
         return f"cpu-{cpu_isa.active().name}"
+
+    def panel_reuse(self, problem, config, workers: int) -> int:
+        """Tiles that share one packed B panel: each thread runs a contiguous
+        run of tiles, column by column, and packs a column's B panel once."""
+        runs = problem.tile_count(config.tile_m, config.tile_n) // workers
+        return max(1, min(runs, problem.tile_count(config.tile_m, 1 << 62)))
 
     def parallelism(self, config) -> int:
         """Workers a kernel of `config` runs on here."""

@@ -195,6 +195,10 @@ class CudaTarget:
     def arch_id(self) -> str:
         return f"sm_{detect_arch()}"
 
+    def panel_reuse(self, problem, config, workers: int) -> int:
+        """1: every CTA loads the A and B blocks of its own tile."""
+        return 1
+
     def parallelism(self, config) -> int:
         """Multiprocessors of the GPU (132 on an H200 when none is visible)."""
         try:

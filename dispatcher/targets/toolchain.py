@@ -35,9 +35,17 @@ class CompilerMixin:
         is found on another where the package lives elsewhere."""
         return tuple(f for f in self.flags if not f.startswith("-I"))
 
+    # A compiler that hangs must not hang the build: the longest CUTLASS
+    # instance builds in a few minutes.
+    timeout_s = 1800
+
     def compile(self, source: Path, output: Path, extra_flags=()) -> None:
         cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"{self.label} compilation of {source.name} ran over {self.timeout_s} s "
+                             "and was stopped; check the compiler (and the machine's load)", "") from None
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
             errors = [l for l in lines if "error" in l] or lines
