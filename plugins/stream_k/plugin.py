@@ -8,8 +8,10 @@ never share one) and zeroes it before every launch.
 
 Variant block:
   reduction      atomic (partials combined in arrival order: nondeterministic;
-                 on the CPU added into C) or linear (partials summed in a fixed
-                 order: bit-identical across runs; CUTLASS's Deterministic)
+                 on the CPU added into one workspace tile per split tile) or
+                 linear (partials summed in a fixed order: bit-identical across
+                 runs; CUTLASS's Deterministic). Either way the epilogue (alpha,
+                 beta, conversion) runs once, on the combined sum.
   decomposition  hybrid (full waves data-parallel, the rest stream-K; the
                  default; CUTLASS's Heuristic), stream_k (every tile split),
                  split_k (`splits` equal K slices; cuda), data_parallel
@@ -24,7 +26,7 @@ from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.records import Option, VariantRecord
+from dispatcher.records import WORKERS, Option, VariantRecord
 from dispatcher.workspace import WORKSPACES
 
 VARIANT = "stream_k"
@@ -61,7 +63,7 @@ def check(config):
         return "splits > 1 needs decomposition=split_k"
     if config.target == "cpu":
         if opts["reduction"] == "atomic" and config.dtype_c not in ("fp32", "int32"):
-            return (f"atomic reduction adds partials into C, which needs an fp32 or int32 output "
+            return (f"atomic reduction is offered for fp32 and int32 outputs on the CPU "
                     f"(got {config.dtype_c}); use reduction=linear")
         if opts["decomposition"] == "split_k":
             return "split_k is a cuda decomposition; the CPU kernels split by K-iterations (stream_k)"
@@ -91,6 +93,7 @@ RECORD = VariantRecord(
         Option("decomposition", "hybrid", "which tiles are split", choices=DECOMPOSITIONS),
         Option("splits", 1, "K slices of split_k", low=1, high=64),
     ),
+    launch_options=(WORKERS,),
     name_suffix=name_suffix,
     default_configs=default_configs,
     check=check,

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -165,6 +166,31 @@ Problem<T> make_problem(const dispatcher_gemm_args* args) {
                       args->m, args->n, args->k, args->lda, args->ldb, args->ldc,
                       args->alpha, args->beta, next_generation()};
 }
+
+// An exception must not leave an OpenMP region: the runtime would call
+// std::terminate and abort the caller's process (a thread's buffers that
+// cannot be allocated throw std::bad_alloc). Work inside a region runs through
+// `run`, which keeps the first exception and skips the work left; `rethrow`,
+// after the region, hands it to the ABI guard (status -1 with its message).
+class RegionErrors {
+  public:
+    template <class Work>
+    void run(Work&& work) noexcept {
+        if (failed_.load(std::memory_order_relaxed)) return;
+        try {
+            work();
+        } catch (...) {
+            if (!failed_.exchange(true)) first_ = std::current_exception();
+        }
+    }
+    void rethrow() const {
+        if (first_) std::rethrow_exception(first_);
+    }
+
+  private:
+    std::atomic<bool> failed_{false};
+    std::exception_ptr first_;
+};
 
 inline int thread_count(int compiled, int32_t requested) {
     if (requested > 0) return requested;

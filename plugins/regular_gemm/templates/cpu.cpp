@@ -12,8 +12,10 @@ int run(const dispatcher_gemm_args* args) {
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
         // bound to their cores keep those panels in their own caches.
+        dcpu::RegionErrors errors;
 #pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) dcpu::compute_tile<T>(P, t);
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { dcpu::compute_tile<T>(P, t); });
+        errors.rethrow();
         return DISPATCHER_OK;
     });
 }

@@ -3,7 +3,10 @@
 // Work unit: one K-iteration (tile_k deep) of one output tile. The tiles of
 // the stream-K region contribute tiles*iters_per_tile units, divided evenly
 // over the workers (OpenMP threads); a worker whose range covers a whole
-// tile stores it, and partial tiles are fixed up by the chosen reduction.
+// tile stores it. The partials of a split tile are combined in the workspace
+// by the chosen reduction, and then the tile's owner (the worker holding its
+// first iteration) runs the epilogue once, on the sum: alpha, beta, rounding
+// and saturation apply exactly as to a tile that was not split.
 ${prelude}
 #include <atomic>
 #include <vector>
@@ -47,30 +50,23 @@ Plan make_plan(const dcpu::Problem<T>& P, int workers) {
 
 constexpr int64_t kSlotElems = int64_t(T::MC) * T::NC;  // one partial tile
 
+// Linear: two partial tiles per worker (its first and its last tile may be
+// split). Atomic: one per worker, for the split tile it owns (at most one:
+// the tile that crosses the end of its range), which every contributor adds
+// into. The plugin zeroes the workspace before every launch.
 int64_t workspace_bytes(int workers) {
-    return kReduction == Reduction::linear ? int64_t(workers) * 2 * kSlotElems * sizeof(Acc) : 0;
+    const int64_t slots = kReduction == Reduction::linear ? 2 : 1;
+    return int64_t(workers) * slots * kSlotElems * sizeof(Acc);
 }
 
-// Atomic reduction: C += alpha * partial, element by element.
-void atomic_add_tile(const dcpu::Problem<T>& P, const dcpu::TileCoord& t, const Acc* acc) {
-    for (int i = 0; i < t.mc; ++i) {
-        auto* crow = P.c + (t.i0 + i) * P.ldc + t.j0;
+// Atomic reduction: a partial tile added into its owner's slot, in arrival order.
+void add_partial(const dcpu::TileCoord& t, const Acc* acc, Acc* slot) {
+    for (int i = 0; i < t.mc; ++i)
         for (int j = 0; j < t.nc; ++j) {
-            const auto v = static_cast<typename T::C::storage>(
-                dcpu::Scalar<T>(P.alpha) * dcpu::Scalar<T>(acc[size_t(i) * T::NC + j]));
+            const size_t e = size_t(i) * T::NC + j;
 #pragma omp atomic
-            crow[j] += v;
+            slot[e] += acc[e];
         }
-    }
-}
-
-void scale_tile(const dcpu::Problem<T>& P, const dcpu::TileCoord& t) {
-    for (int i = 0; i < t.mc; ++i) {
-        auto* crow = P.c + (t.i0 + i) * P.ldc + t.j0;
-        for (int j = 0; j < t.nc; ++j)
-            crow[j] = T::C::store(P.beta == 0.0 ? dcpu::Scalar<T>(0)
-                                                : dcpu::Scalar<T>(P.beta) * dcpu::Scalar<T>(T::C::load(crow[j])));
-    }
 }
 
 // The work of worker w (team of plan.workers threads; called by each).
@@ -90,10 +86,10 @@ void run_worker(const dcpu::Problem<T>& P, const Plan& plan, int w, Acc* workspa
         dcpu::accumulate_tile<T>(P, t.i0, t.mc, t.j0, t.nc, (it - tile_first) * T::KC,
                                  std::min<int64_t>(P.k, (seg_end - tile_first) * T::KC), acc, false);
         const bool whole = it == tile_first && seg_end == tile_first + plan.iters_per_tile;
-        if (kReduction == Reduction::atomic) {
-            atomic_add_tile(P, t, acc);
-        } else if (whole) {
+        if (whole) {
             dcpu::store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, acc);
+        } else if (kReduction == Reduction::atomic) {
+            add_partial(t, acc, workspace + int64_t(plan.owner(tile)) * kSlotElems);
         } else {
             const int slot = it == plan.begin(w) ? 0 : 1;
             std::copy(acc, acc + kSlotElems, workspace + (int64_t(w) * 2 + slot) * kSlotElems);
@@ -102,7 +98,22 @@ void run_worker(const dcpu::Problem<T>& P, const Plan& plan, int w, Acc* workspa
     }
 }
 
-// Linear fix-up: the owner of each split tile sums its partials in worker order.
+// Linear reduction: the partials of `tile` (owned by w) summed in worker order into acc.
+const Acc* linear_sum(const Plan& plan, int w, int64_t tile, const Acc* workspace, Acc* acc) {
+    const int64_t tile_first = (tile - plan.dp_tiles) * plan.iters_per_tile;
+    const int64_t tile_end = tile_first + plan.iters_per_tile;
+    std::fill(acc, acc + kSlotElems, Acc(0));
+    for (int v = w; v < plan.workers && plan.begin(v) < tile_end; ++v) {
+        if (plan.begin(v + 1) <= tile_first || plan.begin(v) == plan.begin(v + 1)) continue;
+        const int slot = plan.tile_of(plan.begin(v)) == tile ? 0 : 1;
+        const Acc* part = workspace + (int64_t(v) * 2 + slot) * kSlotElems;
+        for (int64_t e = 0; e < kSlotElems; ++e) acc[e] += part[e];
+    }
+    return acc;
+}
+
+// Fix-up, once every partial is in: the owner of each split tile runs the
+// epilogue on its reduced sum.
 void fix_up(const dcpu::Problem<T>& P, const Plan& plan, int w, const Acc* workspace) {
     Acc* acc = dcpu::Buffers<T>::local().acc.get();
     const int64_t first_tile = plan.sk_iters ? plan.tile_of(plan.begin(w)) : 0;
@@ -112,15 +123,10 @@ void fix_up(const dcpu::Problem<T>& P, const Plan& plan, int w, const Acc* works
         const int64_t tile_first = (tile - plan.dp_tiles) * plan.iters_per_tile;
         const int64_t tile_end = tile_first + plan.iters_per_tile;
         if (plan.begin(w) <= tile_first && plan.begin(w + 1) >= tile_end) continue;  // stored whole
-        std::fill(acc, acc + kSlotElems, Acc(0));
-        for (int v = w; v < plan.workers && plan.begin(v) < tile_end; ++v) {
-            if (plan.begin(v + 1) <= tile_first || plan.begin(v) == plan.begin(v + 1)) continue;
-            const int slot = plan.tile_of(plan.begin(v)) == tile ? 0 : 1;
-            const Acc* part = workspace + (int64_t(v) * 2 + slot) * kSlotElems;
-            for (int64_t e = 0; e < kSlotElems; ++e) acc[e] += part[e];
-        }
+        const Acc* sum = kReduction == Reduction::atomic ? workspace + int64_t(w) * kSlotElems
+                                                         : linear_sum(plan, w, tile, workspace, acc);
         const dcpu::TileCoord t = dcpu::tile_coord(P, tile);
-        dcpu::store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, acc);
+        dcpu::store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, sum);
     }
 }
 
@@ -138,22 +144,17 @@ int run(const dispatcher_gemm_args* args) {
                                         "K-iterations = " + std::to_string(P.tiles() * P.k_iters()) +
                                         " < " + std::to_string(requested) + " workers)");
         Acc* workspace = static_cast<Acc*>(args->workspace);
+        dcpu::RegionErrors errors;
 #pragma omp parallel num_threads(requested) proc_bind(close)
         {
             // Plan with the team the runtime really gave us.
             const Plan plan = make_plan(P, omp_get_num_threads());
             const int w = omp_get_thread_num();
-            if (kReduction == Reduction::atomic) {
-#pragma omp for schedule(static)
-                for (int64_t tile = plan.dp_tiles; tile < plan.tiles; ++tile)
-                    scale_tile(P, dcpu::tile_coord(P, tile));
-            }
-            run_worker(P, plan, w, workspace);
-            if (kReduction == Reduction::linear) {
+            errors.run([&] { run_worker(P, plan, w, workspace); });
 #pragma omp barrier
-                fix_up(P, plan, w, workspace);
-            }
+            errors.run([&] { fix_up(P, plan, w, workspace); });
         }
+        errors.rethrow();
         return DISPATCHER_OK;
     });
 }
