@@ -8,6 +8,7 @@ cached on disk; loaded libraries and selections are memoized per process.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import attrs
 import numpy as np
@@ -18,7 +19,8 @@ from .config import KernelConfig
 from .errors import ConfigError, PluginError, ProblemError, UnsupportedProblem
 from .library import Library
 from .plugins import get_manager
-from .problem import prepare_gemm, prepare_grouped
+from .problem import check_arrays, operand_list, prepare_gemm, prepare_grouped
+from .records import resolve_launch_options
 from .tuning import TuningDatabase
 
 
@@ -64,10 +66,16 @@ class Dispatcher:
         return [configs[n] for n in sorted(configs)], rejected
 
     def config_for(self, problem, fields) -> KernelConfig:
-        """A KernelConfig for `problem` from a dict of fields (tiles, block options)."""
+        """A KernelConfig for `problem` from a dict of fields (tiles, block
+        options). Core fields it names are checked against the problem as a
+        KernelConfig's are: a kernel built for other dtypes or another layout
+        would read and write the buffers as what they are not."""
+        if not isinstance(fields, Mapping):
+            raise ConfigError(f"config must be a KernelConfig or a dict of config fields, "
+                              f"got {type(fields).__name__}")
         base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
                     dtype_c=problem.out_dtype, layout=problem.layout)
-        return KernelConfig.create(**{**base, **fields})
+        return self.config_matching(problem, KernelConfig.create(**{**base, **fields}))
 
     def select(self, problem) -> KernelConfig:
         key = problem
@@ -113,8 +121,11 @@ class Dispatcher:
         return Library(built.path, expected_name=config.name, config=config)
 
     def launch(self, library: Library, problem, operands, options=None):
+        """Run `problem` on `library`; `options` are checked against the
+        variant's launch options first (they reach native code)."""
+        options = resolve_launch_options(self.manager.variant(problem.variant), options)
         result = self.hook.dispatcher_launch(library=library, problem=problem, operands=operands,
-                                             options=dict(options or {}))
+                                             options=options)
         if result is None:
             raise PluginError(f"no plugin launches variant {problem.variant!r}")
         return result
@@ -166,7 +177,7 @@ class Dispatcher:
 
     def config_matching(self, problem, config) -> KernelConfig:
         """`config` (a KernelConfig or a dict of fields) checked against the problem."""
-        if isinstance(config, dict):
+        if not isinstance(config, KernelConfig):
             return self.config_for(problem, config)
         for field, want in (("variant", problem.variant), ("target", problem.target),
                             ("dtype_a", problem.dtype), ("dtype_c", problem.out_dtype),
@@ -188,10 +199,41 @@ def default_dispatcher() -> Dispatcher:
 
 
 def _resolve_target(target: str, *arrays) -> str:
+    if not isinstance(target, str):
+        raise ConfigError(f"target must be a target name or 'auto', got {type(target).__name__}")
     if target == "auto":
         return targets.for_arrays(*arrays)
     targets.get(target)
     return target
+
+
+# What each problem kind is called with.
+_CALLS = {"gemm": "dispatcher.gemm", "grouped": "dispatcher.grouped_gemm"}
+
+
+def _variant(dispatcher, name, kind: str):
+    """The record of variant `name`, which must run `kind` problems: a
+    grouped variant cannot run one GEMM, nor a single-GEMM variant a list."""
+    manager = dispatcher.manager if dispatcher is not None else get_manager()
+    if not isinstance(name, str):
+        raise ConfigError(f"variant must be a variant name, got {type(name).__name__}")
+    record = manager.variant(name)
+    if record.problem_kind != kind:
+        fitting = sorted(n for n, r in manager.variants().items() if r.problem_kind == kind)
+        raise ConfigError(f"variant {name!r} runs {record.problem_kind} problems: call "
+                          f"{_CALLS.get(record.problem_kind, 'its own entry point')}, or give "
+                          f"{_CALLS[kind]} one of its variants: {', '.join(fitting) or '(none)'}")
+    return record
+
+
+def _stored(values: np.ndarray, dtype) -> np.ndarray:
+    """float64 `values` converted as the kernels' epilogue converts them: an
+    integer output rounded half to even and saturated (docs/reference.md,
+    "int32 outputs"), a float output rounded to nearest."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        values = np.clip(np.rint(values), info.min, info.max)
+    return values.astype(dtype)
 
 
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant="regular",
@@ -210,6 +252,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     (status -2), raise `UnsupportedProblem` instead of falling back to the
     variant's fallback.
     """
+    check_arrays([("a", a), ("b", b)], [("c", c), ("out", out)])
+    resolve_launch_options(_variant(dispatcher, variant, "gemm"), options)  # before any build
     target = _resolve_target(target, a, b)
     session = targets.get(target).session(a, b, c, out)
     a_, b_, c_, out_ = session.arrays
@@ -222,7 +266,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     if problem.k == 0:
         if target != "cpu":
             raise ProblemError("K = 0 is only supported on the cpu target")
-        result[...] = (beta * result.astype("float64")).astype(result.dtype) if beta else 0
+        beta = operands.beta  # an empty product: C = beta * C, never reading C when beta is 0
+        result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
         return result
     d = dispatcher or default_dispatcher()
     options = {"stream": session.stream, **(options or {})}
@@ -237,7 +282,10 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
     Groups may differ in M, N and K (M_g = 0 is fine); they share one dtype
     and one layout. Arrays as for `gemm`.
     """
-    list_a, list_b = list(list_a), list(list_b)
+    list_a, list_b = operand_list(list_a, "list_a"), operand_list(list_b, "list_b")
+    check_arrays([*((f"a[{g}]", x) for g, x in enumerate(list_a)),
+                  *((f"b[{g}]", x) for g, x in enumerate(list_b))])
+    resolve_launch_options(_variant(dispatcher, variant, "grouped"), options)
     target = _resolve_target(target, *list_a, *list_b)
     session = targets.get(target).session(*list_a, *list_b)
     arrays = session.arrays

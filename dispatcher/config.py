@@ -35,9 +35,18 @@ def _dtype_token(value):
         raise ConfigError(str(e)) from None
 
 
-def _positive(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
+# A block tile sizes per-thread buffers (the CPU's packed panels and block
+# accumulator are tile_m x tile_k, tile_k x tile_n and tile_m x tile_n) that a
+# kernel allocates inside its parallel region, so an absurd tile must be
+# refused here: 96000 x 96000 asked for 37 GB per thread. 4096 is far above
+# any useful tile on either target.
+MAX_TILE = 4096
+
+
+def _tile_size(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TILE:
+        raise ConfigError(f"{attribute.name} must be a positive integer at most {MAX_TILE}, "
+                          f"got {value!r}")
 
 
 def _layout(instance, attribute, value):
@@ -57,9 +66,9 @@ class KernelConfig:
     dtype_b: str = attrs.field(converter=_dtype_token)
     dtype_c: str = attrs.field(converter=_dtype_token)
     layout: str = attrs.field(validator=_layout)
-    tile_m: int = attrs.field(validator=_positive)
-    tile_n: int = attrs.field(validator=_positive)
-    tile_k: int = attrs.field(validator=_positive)
+    tile_m: int = attrs.field(validator=_tile_size)
+    tile_n: int = attrs.field(validator=_tile_size)
+    tile_k: int = attrs.field(validator=_tile_size)
     target_opts: tuple = ()
     variant_opts: tuple = ()
 

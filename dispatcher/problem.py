@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+from collections.abc import Iterable
 
 import attrs
 import numpy as np
 
 from . import dtypes
 from .errors import AliasingError, DtypeError, LayoutError, ProblemError
+from .library import data_pointer
 from .memory import HOST
 
 
@@ -118,6 +121,64 @@ def _flip(layout_char: str) -> str:
     return "c" if layout_char == "r" else "r"
 
 
+def check_arrays(required, optional=()):
+    """What no target can take, refused before any target sees the arrays:
+    a missing operand, and a numpy masked array, whose mask the kernels
+    would silently ignore (they read every element). (name, array) pairs."""
+    for name, x in required:
+        if x is None:
+            raise ProblemError(f"{name} is None; it must be a 2-D array")
+    for name, x in (*required, *optional):
+        if np.ma.isMaskedArray(x):
+            raise ProblemError(f"{name} is a numpy masked array, whose mask the kernels would ignore; "
+                               f"pass {name}.filled(value), or np.asarray({name}) for the data under the mask")
+
+
+def operand_list(x, name: str) -> list:
+    """The per-group operands of `grouped_gemm` as a list."""
+    if not isinstance(x, Iterable):
+        raise ProblemError(f"{name} must be a list of 2-D arrays (one per group), got {type(x).__name__}")
+    return list(x)
+
+
+def _scalar(name: str, value) -> float:
+    """alpha or beta as a float. A string or a complex number is refused, not
+    converted (float("2") would have accepted the one, and numpy would drop
+    the imaginary part of the other)."""
+    if type(value) in (float, int) or isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)  # (a plain float or int skips the slow ABC check)
+    raise ProblemError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def _integer_output_scalars(out_dtype, **scalars):
+    """An integer output is rounded and saturated (docs/reference.md, "int32
+    outputs"); a NaN or infinite scalar has no integer result."""
+    if np.issubdtype(out_dtype, np.integer):
+        for name, value in scalars.items():
+            if not math.isfinite(value):
+                raise ProblemError(f"{name} = {value} must be finite for an integer "
+                                   f"({np.dtype(out_dtype).name}) output")
+
+
+@functools.lru_cache(maxsize=None)
+def _deepest_exact_k(token: str):
+    """The largest K at which every dot product of `token` inputs fits its
+    integer accumulator (None for float accumulators): deeper sums could wrap,
+    which the int32 rule (docs/reference.md) does not allow."""
+    src, acc = dtypes.get(token), dtypes.get(dtypes.get(token).acc).numpy
+    if not np.issubdtype(acc, np.integer):
+        return None
+    info = np.iinfo(src.numpy)
+    return int(np.iinfo(acc).max) // max(-int(info.min), int(info.max)) ** 2
+
+
+def _check_exact_accumulation(src: dtypes.DType, k: int, what: str = "K"):
+    deepest = _deepest_exact_k(src.token)
+    if deepest is not None and k > deepest:
+        raise ProblemError(f"{what} = {k} is too deep for {src.token} inputs: their {src.acc} "
+                           f"accumulator is exact for K at most {deepest}; split K and add the results")
+
+
 def _check_memory(memory, *named):
     for name, x in named:
         if x is not None and not memory.accepts(x):
@@ -189,6 +250,7 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
+    _check_exact_accumulation(src, k)
     dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
                             (out.dtype if out is not None else None))
     if needs_c and c is None and out is None:
@@ -222,10 +284,12 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
     (C^T = B^T A^T), so kernels only ever write row-major C.
     """
     _check_memory(memory, ("a", a), ("b", b), ("c", c), ("out", out))
+    alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
     if out_dtype is not None:
         out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
     plan = plan_gemm(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(c), ArraySpec.of(out),
                      beta != 0, out_dtype, variant, target)
+    _integer_output_scalars(plan.out_dtype, alpha=alpha, beta=beta)
     if c is not None:
         _check_no_alias(memory, c, "c", ("a", a), ("b", b))
     if out is not None:
@@ -236,19 +300,27 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
         result = (allocate or memory.empty)((plan.problem.m, plan.problem.n), plan.out_dtype)
     else:
         result = out
-    if beta != 0 and c is not None and c is not result:
+    if beta != 0 and c is not None and not _same_elements(c, result):
         if memory.overlaps(c, result):
-            raise AliasingError("c partially overlaps out")
+            raise AliasingError("c partially overlaps out; c may be out itself, or a view of "
+                                "exactly its elements, but not a part of them")
         memory.copy(result, c)
     A, B, C = (b.T, a.T, result.T) if plan.transposed else (a, b, result)
-    operands = GemmOperands(A, B, C, plan.lda, plan.ldb, plan.ldc, float(alpha), float(beta))
+    operands = GemmOperands(A, B, C, plan.lda, plan.ldb, plan.ldc, alpha, beta)
     return plan.problem, operands, result
+
+
+def _same_elements(x, y) -> bool:
+    """Whether x and y are the same elements of one buffer (out itself, or a
+    view such as out[...]): C is then updated in place, with nothing to copy."""
+    return x is y or (ArraySpec.of(x) == ArraySpec.of(y) and data_pointer(x) == data_pointer(y))
 
 
 def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
                     memory=HOST, allocate=None):
     """(problem, operands, results) for C_g = alpha * A_g @ B_g, g = 0..G-1."""
     list_a, list_b = list(list_a), list(list_b)
+    alpha = _scalar("alpha", alpha)
     if len(list_a) != len(list_b):
         raise ProblemError(f"{len(list_a)} A matrices but {len(list_b)} B matrices")
     src = None
@@ -264,8 +336,11 @@ def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="group
         layouts_a.append(dict(possible_layouts(a, f"a[{g}]")))
         layouts_b.append(dict(possible_layouts(b, f"b[{g}]")))
     if src is None:
-        src = dtypes.get("fp32")
+        src = _input_for_output(out_dtype)
     dst = dtypes.output_for(src.token, out_dtype)
+    _integer_output_scalars(dst.numpy, alpha=alpha)
+    for g, (_, _, k) in enumerate(shapes):
+        _check_exact_accumulation(src, k, f"group {g}: K")
     la = _common_layout(layouts_a, "A")
     lb = _common_layout(layouts_b, "B")
     allocate = allocate or memory.empty
@@ -274,9 +349,21 @@ def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="group
         list_a, list_b, results,
         np.array([l[la] for l in layouts_a], np.int64),
         np.array([l[lb] for l in layouts_b], np.int64),
-        np.array([max(n, 1) for _, n, _ in shapes], np.int64), float(alpha), 0.0)
+        np.array([max(n, 1) for _, n, _ in shapes], np.int64), alpha, 0.0)
     problem = GroupedGemmProblem(tuple(shapes), src.token, dst.token, la + lb + "r", variant, target)
     return problem, operands, results
+
+
+def _input_for_output(out_dtype) -> dtypes.DType:
+    """The input dtype of a grouped problem with no groups: the first that
+    can write `out_dtype` (int8 for int32), so any valid request is met."""
+    if out_dtype is None:
+        return dtypes.get(dtypes.INPUT_TOKENS[0])
+    out = dtypes.get(out_dtype)
+    for token in dtypes.INPUT_TOKENS:
+        if out.token in dtypes.get(token).outputs:
+            return dtypes.get(token)
+    raise DtypeError(f"no input dtype has {out.token} outputs")
 
 
 def _common_layout(per_group: list, what: str) -> str:
