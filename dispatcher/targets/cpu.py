@@ -19,7 +19,7 @@ import attrs
 
 from .. import dtypes
 from ..errors import ToolchainError
-from ..records import Option
+from ..records import MAX_WORKERS, Option
 from . import cpu_isa, register
 from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
@@ -91,7 +91,7 @@ class CpuTarget:
                "rows of the register micro-tile (default: the ISA's)", low=1, high=32),
         Option("micro_n", lambda block: _isa_of(block).micro_tile[1],
                "columns of the register micro-tile (default: the ISA's)", low=4, high=64),
-        Option("threads", 0, "OpenMP threads (0: all)", low=0, high=1024),
+        Option("threads", 0, "OpenMP threads (0: all)", low=0, high=MAX_WORKERS),
     )
 
     def toolchain(self, config=None) -> Toolchain:
