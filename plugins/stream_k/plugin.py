@@ -77,9 +77,12 @@ def default_configs(target, dtype, layout):
         return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
     if target != "cpu":
         return []
+    # Atomic where the default output takes it (it wins the tie on cost by
+    # name), and linear always: the hook is not told the output dtype, and
+    # fp32 inputs asked for fp16 or bf16 outputs had no default at all.
     out_default = dtypes.output_for(dtype).token
-    reduction = "atomic" if out_default in ("fp32", "int32") else "linear"
-    return [dict(d, reduction=reduction) for d in CPU_DEFAULTS]
+    reductions = ("atomic", "linear") if out_default in ("fp32", "int32") else ("linear",)
+    return [dict(d, reduction=r) for r in reductions for d in CPU_DEFAULTS]
 
 
 RECORD = VariantRecord(
