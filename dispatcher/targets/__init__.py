@@ -27,10 +27,11 @@ def get(name: str):
 
 
 def for_arrays(*arrays) -> str:
-    """`target="auto"`: the target whose memory holds these arrays."""
+    """`target="auto"`: the target whose memory holds these arrays (cpu for
+    none, e.g. a grouped call with no groups)."""
     _load_builtin()
     for name in _TARGETS:
-        if name != "cpu" and all(_TARGETS[name].owns(x) for x in arrays):
+        if arrays and name != "cpu" and all(_TARGETS[name].owns(x) for x in arrays):
             return name
     return "cpu"
 

@@ -483,6 +483,28 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
 template <class T>
 using Scalar = std::conditional_t<std::is_same_v<typename T::Acc, float>, float, double>;
 
+// alpha * acc or beta * C, rounded to S as written. An FMA ISA would contract
+// alpha * acc + beta * C into one fused operation (one rounding), and an int32
+// output would then differ by one at near-ties (alpha 1.1, acc 245, C -67:
+// 203, not 202) from the documented rule, which rounds each product and the
+// sum to double as numpy's reference does, and from ISAs without FMA. Float
+// outputs keep the contraction (their loop vectorizes; tolerances cover it).
+template <class S>
+static inline S product(S x, S y) {
+    S p = x * y;
+    if constexpr (std::is_same_v<S, double>) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        __asm__("" : "+x"(p));  // opaque to the optimizer: no fused multiply-add
+#elif defined(__GNUC__) && defined(__aarch64__)
+        __asm__("" : "+w"(p));
+#else
+        volatile S v = p;
+        p = v;
+#endif
+    }
+    return p;
+}
+
 // C[i0:i0+mc, j0:j0+nc] = alpha * acc + beta * C; C is not read when beta == 0.
 template <class T>
 void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
@@ -497,7 +519,8 @@ void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
             for (int j = 0; j < nc; ++j) crow[j] = Out::store(alpha * S(arow[j]));
         } else {
             for (int j = 0; j < nc; ++j)
-                crow[j] = Out::store(alpha * S(arow[j]) + beta * S(Out::load(crow[j])));
+                crow[j] = Out::store(product(alpha, S(arow[j])) +
+                                     product(beta, S(Out::load(crow[j]))));
         }
     }
 }
