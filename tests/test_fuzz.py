@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import tempfile
 import time
 
 import attrs
@@ -48,6 +49,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 import dispatcher
 from dispatcher import dtypes
@@ -57,6 +59,9 @@ from dispatcher.problem import ArraySpec, plan_gemm, prepare_grouped
 from dispatcher.targets.cpu import cpu_count
 from dispatcher.verify import reference, tolerance
 
+# No example database, and hypothesis' other files (its constants cache) outside the repository.
+if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "gemm-dispatcher-hypothesis"))
 _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 # Examples per test; the three tests together make the profile's case count.
