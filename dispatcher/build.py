@@ -9,7 +9,11 @@ the SHA-256 of its library, checked on every load, and whether the library
 embeds its kernel name (the `KERNEL_NAME` string every template exports):
 then a library swapped for another kernel's, even with its hash
 recomputed, is a corrupt entry too. A corrupt entry is moved aside to
-`tmp/` and rebuilt; only the newest few moved-aside copies are kept.
+`tmp/` and rebuilt, by the process holding the entry's lock, which checks
+it again first (so an entry another process has just rebuilt is never
+moved); only the newest few moved-aside copies are kept. `prune` takes the
+same lock. The hash each library was last found to have is remembered per
+process (`checked_sha256`): `Library` loads exactly those bytes.
 
 The cache lives in `$DISPATCHER_CACHE_DIR`, else `$XDG_CACHE_HOME/gemm-dispatcher`
 (`~/.cache/gemm-dispatcher`). Folders it creates are mode 0700 (its
@@ -33,7 +37,7 @@ import warnings
 from pathlib import Path
 
 import attrs
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from .errors import CacheError
 
@@ -151,6 +155,18 @@ def _damage(entry: Path, meta: dict, name: str | None) -> str:
     return ""
 
 
+# Library path -> the SHA-256 this process last found it to have in a sound entry.
+_checked: dict = {}
+
+
+def checked_sha256(path) -> str | None:
+    """The SHA-256 that this process last checked the cache-entry library
+    `path` against (None if it never did). `Library` loads a private copy
+    of the file only if its bytes still have it: the bytes loaded are the
+    bytes checked, even if the file changes in between."""
+    return _checked.get(str(path))
+
+
 def _read_entry(entry: Path, name: str | None = None):
     """The BuiltLibrary in `entry`, None if absent; CacheError if corrupt."""
     if not entry.exists():
@@ -163,7 +179,12 @@ def _read_entry(entry: Path, name: str | None = None):
     if why:
         raise CacheError(f"build-cache entry {entry} is corrupt ({why}); delete it or run "
                          "`gemm-dispatcher kernels --prune`")
+    _checked[str(entry / meta["library"])] = meta["sha256"]
     return BuiltLibrary(meta["name"], entry / meta["library"], entry.name, meta)
+
+
+def _skip(entry: Path, error: CacheError):
+    """on_corrupt outside the entry's lock: treat the entry as absent."""
 
 
 def _package_version() -> str:
@@ -214,7 +235,7 @@ class BuildCache:
 
     def _find(self, key, name, on_corrupt=None):
         """lookup; with `on_corrupt(entry, error)`, a corrupt entry is handed
-        to it and the search goes on instead of raising."""
+        to it and the search goes on instead of raising (`_skip`: as if absent)."""
         for kernels in self._stores():
             try:
                 found = _read_entry(kernels / key, name)
@@ -230,11 +251,13 @@ class BuildCache:
     def build(self, source: GeneratedSource, toolchain) -> BuiltLibrary:
         """The cached library for `source`, compiling only if absent."""
         key = self.key(source, toolchain)
-        found = self._find(key, source.name, on_corrupt=self._set_aside)
+        found = self._find(key, source.name, on_corrupt=_skip)
         if found:
             return found
-        with FileLock(str(self.root / "locks" / f"{key}.lock")):
-            found = self._find(key, source.name, on_corrupt=self._set_aside)  # another process may have won
+        with self._lock(key):
+            # checked again under the lock: another process may have rebuilt it
+            # (a corrupt entry is moved aside only here, so never a sound one)
+            found = self._find(key, source.name, on_corrupt=self._set_aside)
             if found:
                 return found
             staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
@@ -244,6 +267,10 @@ class BuildCache:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         return self.lookup(key, source.name)
+
+    def _lock(self, key: str, timeout: float = -1) -> FileLock:
+        """The per-key lock held while an entry is built, moved aside or pruned."""
+        return FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=timeout)
 
     @staticmethod
     def _compile_into(staging: Path, source: GeneratedSource, toolchain):
@@ -270,7 +297,8 @@ class BuildCache:
     def _set_aside(self, entry: Path, error: CacheError):
         """Move a corrupt entry of this cache to tmp/ (keeping the newest few
         such copies), so the caller rebuilds it; a corrupt shared entry,
-        which this process cannot move, is only skipped."""
+        which this process cannot move, is only skipped. The caller holds
+        the entry's lock."""
         if entry.parent != self.root / "kernels":
             warnings.warn(f"{error}; it is in the read-only shared cache: building a private copy",
                           stacklevel=4)
@@ -301,6 +329,8 @@ class BuildCache:
             for entry in sorted(kernels.iterdir()):
                 try:
                     lib = _read_entry(entry)
+                    if lib is None:
+                        continue  # moved aside or pruned since the listing
                     item = {**lib.metadata, "key": entry.name, "path": str(lib.path), "status": "ok"}
                 except CacheError as e:
                     item = {"key": entry.name, "path": str(entry), "status": "corrupt", "error": str(e)}
@@ -309,15 +339,39 @@ class BuildCache:
 
     def prune(self) -> int:
         """Remove this cache's corrupt entries and leftovers of builds killed
-        over an hour ago (the shared cache is read-only)."""
+        over an hour ago (the shared cache is read-only). An entry is checked
+        again under its lock (one being rebuilt now is left to its builder)
+        and moved into tmp/ before it is deleted, so no reader sees it half
+        deleted; other processes may prune at the same time."""
         removed = 0
         for item in self.entries():
             if item["status"] == "corrupt" and not item.get("shared"):
-                shutil.rmtree(item["path"], ignore_errors=True)
-                removed += 1
+                removed += self._remove_corrupt(Path(item["path"]))
         for leftover in (self.root / "tmp").iterdir():
-            if time.time() - leftover.stat().st_mtime < 3600:
-                continue  # may be a build in progress
+            try:
+                if time.time() - leftover.stat().st_mtime < 3600:
+                    continue  # may be a build in progress
+            except FileNotFoundError:
+                continue  # removed meanwhile (a finished build, another prune)
             shutil.rmtree(leftover, ignore_errors=True)
             removed += 1
         return removed
+
+    def _remove_corrupt(self, entry: Path) -> int:
+        """Delete `entry` if it is (still) corrupt; 1 if this call removed it."""
+        try:
+            with self._lock(entry.name, timeout=0):
+                try:
+                    _read_entry(entry)
+                    return 0  # absent, or rebuilt since it was listed
+                except CacheError:
+                    pass
+                doomed = self.root / "tmp" / f"{entry.name}.pruned.{time.time_ns()}.{os.getpid()}"
+                try:
+                    os.rename(entry, doomed)
+                except FileNotFoundError:
+                    return 0
+        except Timeout:
+            return 0  # being rebuilt: its builder moves it aside
+        shutil.rmtree(doomed, ignore_errors=True)
+        return 1

@@ -5,18 +5,32 @@ library reports the kernel name it was built for (so a drift between the
 Python name and the generated source is caught), and maps status codes to
 exceptions: -1 -> KernelError with the library's last error, -2 ->
 UnsupportedProblem.
+
+A library the build cache has checked in this process (see
+`build.checked_sha256`) is loaded from a private in-memory copy (a memfd)
+of its bytes, and only if they still have the checked SHA-256, else
+CacheError: a file damaged or replaced between the cache's check and the
+load is never loaded, and a change to the file afterwards (even in place)
+cannot reach this process's code. Copies are shared by content, one per
+distinct library per process, and keep their descriptor open (glibc finds
+an already loaded library by its path, so a reused `/proc/self/fd/N` would
+return the wrong one). Other paths, and any library once memfds run out,
+load from their file.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import os
+import threading
 from pathlib import Path
 
 import attrs
 import numpy as np
 
-from .errors import KernelError, LibraryError, UnsupportedProblem
+from .errors import CacheError, KernelError, LibraryError, UnsupportedProblem
 
 ABI_VERSION = 1
 STATUS_OK, STATUS_ERROR, STATUS_UNSUPPORTED = 0, -1, -2
@@ -50,6 +64,41 @@ class RegistryEntry(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("run", _GEMM_FN)]
 
 
+_private: dict = {}  # SHA-256 -> (memfd, CDLL) of the libraries loaded from a private copy
+_private_lock = threading.Lock()
+
+
+def _open_library(path: Path) -> ctypes.CDLL:
+    """dlopen `path`; a library the build cache checked, from a private
+    copy of exactly the bytes checked (module docstring). OSError if it
+    cannot be read or loaded."""
+    from .build import checked_sha256
+
+    expected = checked_sha256(path)
+    if expected is None or not hasattr(os, "memfd_create"):
+        return ctypes.CDLL(str(path))
+    image = path.read_bytes()
+    if hashlib.sha256(image).hexdigest() != expected:
+        raise CacheError(f"build-cache library {path} changed after its entry was checked (its "
+                         "hash no longer matches): not loaded; the next build moves the entry "
+                         "aside and rebuilds it")
+    with _private_lock:
+        if expected not in _private:
+            try:
+                fd = os.memfd_create(f"gemm-dispatcher:{path.name}")
+            except OSError:  # e.g. out of descriptors: the file, just checked
+                return ctypes.CDLL(str(path))
+            try:
+                view = memoryview(image)
+                while view:
+                    view = view[os.write(fd, view):]
+                _private[expected] = (fd, ctypes.CDLL(f"/proc/self/fd/{fd}"))
+            except OSError:
+                os.close(fd)
+                return ctypes.CDLL(str(path))  # no /proc, or memfds may not be mapped executable
+        return _private[expected][1]
+
+
 @attrs.frozen
 class LaunchResult:
     kernel: str
@@ -67,7 +116,7 @@ class Library:
         self.path = Path(path)
         self.config = config
         try:
-            self._dll = ctypes.CDLL(str(self.path))
+            self._dll = _open_library(self.path)
         except OSError as e:
             raise LibraryError(f"cannot load {self.path}: {e}") from None
         for required in ("dispatcher_abi_version", "dispatcher_kernel_name", "dispatcher_last_error"):
