@@ -95,6 +95,7 @@ def _replace(path: Path, data: bytes):
 
 
 # ------------------------------------------------------------ the stress run
+@pytest.mark.stress
 def test_bounded_stress_run(tmp_path):
     """About 25 s: 3 workers x 2 threads, a kill every ~2.5 s, a corruption every ~1.5 s."""
     out = tmp_path / "figures.json"

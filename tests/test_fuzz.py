@@ -51,6 +51,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
+pytestmark = pytest.mark.stress  # minutes of builds: CI runs it after the fast suite
+
 import dispatcher
 from dispatcher import dtypes
 from dispatcher.api import default_dispatcher
