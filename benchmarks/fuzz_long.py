@@ -9,7 +9,8 @@
    one fresh build cache, `--jobs` compiles at a time, so the fuzz itself
    compiles nothing.
 2. Runs the three fuzz tests (`test_gemm[regular]`, `test_gemm[stream_k]`,
-   `test_grouped`) with `HYPOTHESIS_PROFILE=long`, `--examples` examples each
+   `test_grouped`; `-m ""`: whatever markers exclude them from the suite) with
+   `HYPOTHESIS_PROFILE=long`, `--examples` examples each
    (3400: 10,200 cases), as `--jobs` concurrent pytest processes on that
    cache, each with its own seed (`--seed` + its index; random by default).
 3. Writes the summary to `--out` (default benchmarks/results/fuzz_long.json):
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
             while pending and len([r for r in runs if r["proc"].poll() is None]) < args.jobs:
                 i, test = pending.pop(0)
                 stats, junit, log = tmp / f"stats{i}.json", tmp / f"junit{i}.xml", tmp / f"log{i}.txt"
-                cmd = [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider",
+                cmd = [sys.executable, "-m", "pytest", test, "-m", "", "-q", "-p", "no:cacheprovider",
                        "-W", "ignore::DeprecationWarning", f"--hypothesis-seed={seed + i}",
                        f"--junitxml={junit}"]
                 print(f"running {test} (seed {seed + i})", flush=True)
@@ -177,6 +178,9 @@ def main(argv=None) -> int:
             for key, value in stats["counts"].items():
                 counts[key] = counts.get(key, 0) + value
             failed = failures_of(r["junit"])
+            if r["proc"].returncode != 0 and not failed:  # e.g. 5: nothing collected
+                failed = [{"test": r["test"], "error": f"pytest exited {r['proc'].returncode}",
+                           "example": ""}]
             failures += failed
             tests.append({"test": r["test"], "seed": r["seed"], "exit": r["proc"].returncode,
                           "seconds": r.get("seconds"), "cases": sum(v for k, v in stats["counts"].items()
