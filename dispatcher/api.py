@@ -92,7 +92,8 @@ class Dispatcher:
         target = targets.get(problem.target)
         lines = [f"no kernel can run variant {problem.variant!r} on {problem.target!r} "
                  f"({target.parallelism_hint()}) for {problem.dtype} {problem.layout}: "
-                 "the tuning database has no entry and "
+                 + ("the tuning database has no entry and " if self.tuning is not None
+                    else "no tuning database is used and ")
                  + ("every default config was rejected:" if rejected
                     else "the variant has no default config for it")]
         lines += [f"  {name}: {why}" for name, why in rejected]

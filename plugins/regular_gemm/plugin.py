@@ -21,8 +21,9 @@ HERE = Path(__file__).parent
 # Block tiles the selection heuristic chooses from when the tuning database
 # has no answer: large ones for throughput on few cores, shorter and
 # narrower ones so that many cores and small problems get balanced waves
-# (measured on a 2-core and a 16-core machine: benchmarks/cpu_gemm.py). The micro-tile is the target's (its ISA's
-# default); these tiles are multiples of every ISA's.
+# (measured on a 2-core and a 16-core machine: benchmarks/cpu_gemm.py).
+# The micro-tile is the target's (its ISA's default); these tiles are
+# multiples of every ISA's.
 CPU_DEFAULTS = (
     dict(tile_m=120, tile_n=512, tile_k=256),
     dict(tile_m=96, tile_n=256, tile_k=256),
