@@ -8,8 +8,10 @@
 #   OUT=/some/dir bash benchmarks/gpu_session.sh bench
 #
 # build: the catalogs and the GPU tests' kernels, in parallel, into .gpucache
-# (kept on a warm machine between calls); test: the GPU tests; bench: the
-# CUDA benchmark. Everything it prints and writes lands under $OUT.
+# (kept on a warm machine between calls); pack: that cache into
+# $OUT/cache.tar.xz; unpack: it back from .carry/pack/cache.tar.xz on a fresh
+# machine; test: the GPU tests; bench: the CUDA benchmark. Everything it
+# prints and writes lands under $OUT.
 set -u
 R=$PWD
 WHEELS=${WHEELS:-.whl} SHAPES=${SHAPES:-.carry/pack/shapes.json}
@@ -20,8 +22,10 @@ export DISPATCHER_CACHE_DIR=$R/.gpucache DISPATCHER_TEST_CACHE_DIR=$R/.gpucache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 for step in "$@"; do
   case $step in
-    build) timeout 560 python3 benchmarks/build_cuda.py --set all --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
-    test)  timeout 400 python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
+    build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set all --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
+    pack) tar -cJf $OUT/cache.tar.xz -C $R/.gpucache kernels && ls -la $OUT/cache.tar.xz ;;
+    unpack) mkdir -p $R/.gpucache && tar -xJf $R/.carry/pack/cache.tar.xz -C $R/.gpucache ;;
+    test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
     bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;
     *) echo "unknown step $step" ; exit 2 ;;
