@@ -91,14 +91,6 @@ def _cuda_unavailable(ctx):
     dispatcher.gemm(f32(3, 4), f32(4, 5), target="cuda")
 
 
-def _cuda_k0(ctx):
-    """The K = 0 rule of the cuda target, on host arrays (no GPU needed)."""
-    from dispatcher import targets
-    from dispatcher.memory import HostSession
-    ctx.monkeypatch.setattr(type(targets.get("cuda")), "session", lambda self, *arrays: HostSession(*arrays))
-    dispatcher.gemm(f32(3, 0), f32(0, 5), target="cuda")
-
-
 def _isa_env(ctx, value):
     ctx.monkeypatch.setenv("DISPATCHER_CPU_ISA", value)
     dispatcher.KernelConfig.create(**SMALL)
@@ -361,7 +353,6 @@ CASES = {
                                        lambda: dispatcher.gemm(f32(3, 4), f32(4, 5), target=0),
                                        lambda: dispatcher.KernelConfig.create(target="tpu")),
     "cuda-unavailable": _cuda_unavailable,
-    "cuda-k0": _cuda_k0,
     "grouped-not-a-list": each(lambda: dispatcher.grouped_gemm(None, None),
                                            lambda: dispatcher.grouped_gemm(3, 4)),
     "grouped-count-mismatch": lambda ctx: dispatcher.grouped_gemm([f32(3, 4)], []),

@@ -130,8 +130,8 @@ def test_every_problem_runs_by_default(variant, gen):
 
 
 def test_unaligned_pointers_views_and_beta(gen):
-    big = operand(300, 300, "bf16", "r", gen)
-    a, b = big[1:200, 3:131], big[5:133, 7:100]          # odd offsets and odd leading dimensions
+    big = operand(300, 301, "bf16", "r", gen)
+    a, b = big[1:200, 3:131], big[5:98, 7:135].t()       # odd offsets and an odd leading dimension (rcr)
     c = operand(199, 93, "bf16", "r", gen)
     out = torch.full((199, 93), float("nan"), device="cuda", dtype=torch.bfloat16)
     dispatcher.gemm(a, b, c=c, beta=0.5, alpha=2.0, out=out, target="cuda")
