@@ -1,0 +1,11 @@
+"""gemm-dispatcher inside PyTorch models (docs/pytorch.md).
+
+Importing this package registers the `gemm_dispatcher::*` operators with
+torch (eager, fake tensors for torch.compile, autograd); `import dispatcher`
+alone never imports torch. Needs `pip install 'gemm-dispatcher[torch]'`.
+"""
+
+from dispatcher.torch.linear import Linear, swap_linears
+from dispatcher.torch.ops import config_key, gemm
+
+__all__ = ["Linear", "config_key", "gemm", "swap_linears"]
