@@ -19,7 +19,7 @@ from .config import KernelConfig
 from .errors import ConfigError, PluginError, ProblemError, UnsupportedProblem
 from .library import Library
 from .plugins import get_manager
-from .problem import check_arrays, operand_list, prepare_gemm, prepare_grouped
+from .problem import check_arrays, operand_list, prepare_gemm, prepare_grouped, prepare_grouped_mm
 from .records import resolve_launch_options
 from .tuning import TuningDatabase
 
@@ -297,3 +297,35 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
         options = {"stream": session.stream, **(options or {})}
         (dispatcher or default_dispatcher()).run(problem, operands, config, options)
     return [session.finish(r) for r in results]
+
+
+def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
+               variant="grouped", options=None, dispatcher=None):
+    """The mixture-of-experts form of a grouped GEMM, in `torch._grouped_mm`'s
+    argument order: rows [offsets[g-1], offsets[g]) of the stacked `a`
+    (total_M, K) times `b[g]` (b is (G, K, N), row- or column-major per
+    group), into one new (total_M, N) row-major result; rows past
+    offsets[-1] are zero. `offsets`: (G,) int32 cumulative row ends on the
+    same device as `a` (groups with no rows are fine).
+
+    No per-group Python work and, on the cuda target, no host
+    synchronisation: the kernel derives each group's size and pointers from
+    `offsets` on the device, so a call can be captured in a CUDA graph and
+    replayed with new offsets. Selection and tuning key on (G, N, K, the
+    token count rounded up to a power of two), not on the routing.
+    """
+    check_arrays([("a", a), ("b", b), ("offsets", offsets)])
+    resolve_launch_options(_variant(dispatcher, variant, "grouped"), options)
+    target = _resolve_target(target, a, b, offsets)
+    session = targets.get(target).session(a, b, offsets)
+    a_, b_, offsets_ = session.arrays
+    problem, operands, result = prepare_grouped_mm(
+        a_, b_, offsets_, out_dtype=out_dtype, alpha=alpha, variant=variant, target=target,
+        memory=session.memory, allocate=session.empty)
+    if result.size:
+        if problem.k == 0 or problem.group_count == 0:  # an empty product, or no group owns a row
+            session.memory.zero(result, result.size * result.itemsize, session.stream)
+        else:
+            options = {"stream": session.stream, **(options or {})}
+            (dispatcher or default_dispatcher()).run(problem, operands, config, options)
+    return session.finish(result)

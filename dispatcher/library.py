@@ -57,6 +57,13 @@ class GroupedArgs(ctypes.Structure):
                 ("workspace", _vp), ("workspace_bytes", _i64), ("stream", _vp)]
 
 
+class GroupedMmArgs(ctypes.Structure):
+    _fields_ = [("group_count", _i64), ("offsets", _vp), ("total_m", _i64), ("n", _i64), ("k", _i64),
+                ("a", _vp), ("lda", _i64), ("b", _vp), ("ldb", _i64), ("stride_b", _i64),
+                ("c", _vp), ("ldc", _i64), ("alpha", ctypes.c_double),
+                ("workspace", _vp), ("workspace_bytes", _i64), ("stream", _vp)]
+
+
 _GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgs))
 
 
@@ -110,7 +117,14 @@ class Library:
     """One loaded .so. `symbols` lists which optional entry points it has."""
 
     OPTIONAL = ("dispatcher_run_gemm", "dispatcher_run_grouped_gemm", "dispatcher_registry",
-                "dispatcher_workspace_size", "dispatcher_grouped_workspace_size")
+                "dispatcher_workspace_size", "dispatcher_grouped_workspace_size",
+                "dispatcher_run_grouped_mm", "dispatcher_grouped_mm_workspace_size")
+    # The argument struct of each entry point and size query that takes one.
+    _ARGS = {"dispatcher_run_gemm": GemmArgs, "dispatcher_workspace_size": GemmArgs,
+             "dispatcher_run_grouped_gemm": GroupedArgs, "dispatcher_grouped_workspace_size": GroupedArgs,
+             "dispatcher_run_grouped_mm": GroupedMmArgs, "dispatcher_grouped_mm_workspace_size": GroupedMmArgs}
+    _SIZE_QUERIES = {GemmArgs: "dispatcher_workspace_size", GroupedArgs: "dispatcher_grouped_workspace_size",
+                     GroupedMmArgs: "dispatcher_grouped_mm_workspace_size"}
 
     def __init__(self, path, expected_name: str | None = None, config=None):
         self.path = Path(path)
@@ -131,16 +145,11 @@ class Library:
         if expected_name is not None and self.name != expected_name:
             raise LibraryError(f"{self.path} reports kernel {self.name!r}, expected {expected_name!r}")
         self.symbols = tuple(s for s in self.OPTIONAL if hasattr(self._dll, s))
-        if "dispatcher_run_gemm" in self.symbols:
-            self._dll.dispatcher_run_gemm.argtypes = [ctypes.POINTER(GemmArgs)]
-        if "dispatcher_run_grouped_gemm" in self.symbols:
-            self._dll.dispatcher_run_grouped_gemm.argtypes = [ctypes.POINTER(GroupedArgs)]
-        if "dispatcher_workspace_size" in self.symbols:
-            self._dll.dispatcher_workspace_size.argtypes = [ctypes.POINTER(GemmArgs)]
-            self._dll.dispatcher_workspace_size.restype = _i64
-        if "dispatcher_grouped_workspace_size" in self.symbols:
-            self._dll.dispatcher_grouped_workspace_size.argtypes = [ctypes.POINTER(GroupedArgs)]
-            self._dll.dispatcher_grouped_workspace_size.restype = _i64
+        for symbol in self.symbols:
+            if symbol in self._ARGS:
+                fn = getattr(self._dll, symbol)
+                fn.argtypes = [ctypes.POINTER(self._ARGS[symbol])]
+                fn.restype = _i64 if symbol.endswith("_size") else ctypes.c_int
         if "dispatcher_registry" in self.symbols:
             self._dll.dispatcher_registry.argtypes = [ctypes.POINTER(ctypes.c_int)]
             self._dll.dispatcher_registry.restype = ctypes.POINTER(RegistryEntry)
@@ -176,9 +185,12 @@ class Library:
     def run_grouped(self, args: GroupedArgs) -> int:
         return self.check(self.require("dispatcher_run_grouped_gemm")(ctypes.byref(args)))
 
+    def run_grouped_mm(self, args: GroupedMmArgs) -> int:
+        return self.check(self.require("dispatcher_run_grouped_mm")(ctypes.byref(args)))
+
     def workspace_size(self, args) -> int:
         """Scratch bytes the kernel needs for these arguments (0 if it exports no query)."""
-        fn = "dispatcher_grouped_workspace_size" if isinstance(args, GroupedArgs) else "dispatcher_workspace_size"
+        fn = self._SIZE_QUERIES[type(args)]
         if fn not in self.symbols:
             return 0
         size = int(getattr(self._dll, fn)(ctypes.byref(args)))
@@ -203,6 +215,14 @@ def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
                     c.shape[0], c.shape[1], a.shape[1],
                     operands.lda, operands.ldb, operands.ldc,
                     operands.alpha, operands.beta, None, 0, int(workers), stream or None)
+
+
+def grouped_mm_args(operands, stream: int = 0) -> GroupedMmArgs:
+    """The ABI struct of a stacked grouped problem (see problem.StackedOperands)."""
+    a, b, c = operands.a, operands.b, operands.c
+    return GroupedMmArgs(b.shape[0], data_pointer(operands.offsets), a.shape[0], b.shape[2], a.shape[1],
+                         data_pointer(a), operands.lda, data_pointer(b), operands.ldb, operands.stride_b,
+                         data_pointer(c), operands.ldc, operands.alpha, None, 0, stream or None)
 
 
 class GroupedCall:

@@ -45,6 +45,10 @@ class GemmProblem:
     def tile_count(self, tile_m: int, tile_n: int) -> int:
         return math.ceil(self.m / tile_m) * math.ceil(self.n / tile_n)
 
+    def tuning_key(self) -> tuple:
+        """(text key, three sizes for the tuning database's nearest-problem distance)."""
+        return f"{self.m}x{self.n}x{self.k}", (float(self.m), float(self.n), float(self.k))
+
 
 @attrs.frozen
 class GroupedGemmProblem:
@@ -65,6 +69,53 @@ class GroupedGemmProblem:
 
     def tile_count(self, tile_m: int, tile_n: int) -> int:
         return sum(math.ceil(m / tile_m) * math.ceil(n / tile_n) for m, n, _ in self.groups)
+
+    def tuning_key(self) -> tuple:
+        return ("groups:" + ",".join("x".join(map(str, s)) for s in self.groups),
+                (float(len(self.groups)), max(self.flops, 1.0), max((s[2] for s in self.groups), default=1)))
+
+
+def token_bucket(total_m: int) -> int:
+    """The power of two at or above `total_m`: the coarse size a stacked
+    grouped problem is selected and tuned by, so one tuned entry serves a
+    layer whose routing (and token count) changes from step to step."""
+    return 1 << max(0, int(total_m) - 1).bit_length()
+
+
+@attrs.frozen
+class StackedGroupedProblem:
+    """The stacked (mixture-of-experts) grouped problem of `grouped_mm`: G
+    groups sharing N and K whose row counts live in device-side offsets, so
+    the host knows only their bucketed total (`tokens`, see `token_bucket`).
+    Selection and tuning see this coarse signature, never the routing."""
+
+    group_count: int
+    n: int
+    k: int
+    tokens: int
+    dtype: str
+    out_dtype: str
+    layout: str
+    variant: str = "grouped"
+    target: str = "cpu"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.tokens * self.n * self.k
+
+    @property
+    def shapes(self) -> tuple:
+        """The groups as if the tokens were spread evenly (what the host can know)."""
+        rows = math.ceil(self.tokens / max(self.group_count, 1))
+        return ((rows, self.n, self.k),) * self.group_count
+
+    def tile_count(self, tile_m: int, tile_n: int) -> int:
+        rows = math.ceil(self.tokens / max(self.group_count, 1))
+        return self.group_count * math.ceil(rows / tile_m) * math.ceil(self.n / tile_n)
+
+    def tuning_key(self) -> tuple:
+        return (f"stacked:{self.group_count}x{self.n}x{self.k}:{self.tokens}",
+                (float(self.group_count), max(self.flops, 1.0), float(self.k)))
 
 
 @attrs.define
@@ -91,6 +142,23 @@ class GroupedOperands:
     ldc: np.ndarray
     alpha: float = 1.0
     beta: float = 0.0
+
+
+@attrs.define
+class StackedOperands:
+    """Buffers of a stacked grouped problem (`dispatcher_grouped_mm_args`):
+    A (total_m, K), B (G, K, N) stride_b elements apart, C (total_m, N)
+    row-major, and the int32 row offsets, all in the target's memory."""
+
+    a: np.ndarray
+    b: np.ndarray
+    offsets: np.ndarray
+    c: np.ndarray
+    lda: int
+    ldb: int
+    stride_b: int
+    ldc: int
+    alpha: float = 1.0
 
 
 # ------------------------------------------------------------------ layouts
@@ -372,3 +440,64 @@ def _common_layout(per_group: list, what: str) -> str:
             return choice
     raise LayoutError(f"the {what} matrices mix row- and column-major layouts; "
                       "groups share one layout")
+
+
+def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
+                       memory=HOST, allocate=None):
+    """(problem, operands, result) for the stacked form: rows
+    [offsets[g-1], offsets[g]) of `a` times b[g], into one (total_M, N) result.
+
+    Offsets in host memory are checked here (vectorized, no per-group
+    Python work); device offsets are checked by the kernels, which then
+    write nothing (docs/reference.md, "grouped_mm")."""
+    _check_memory(memory, ("a", a), ("b", b), ("offsets", offsets))
+    alpha = _scalar("alpha", alpha)
+    if a.ndim != 2:
+        raise ProblemError(f"a must be 2-D (total_M, K), got shape {a.shape}")
+    if b.ndim != 3:
+        raise ProblemError(f"b must be 3-D (G, K, N), got shape {b.shape}")
+    if offsets.ndim != 1 or np.dtype(offsets.dtype) != np.int32:
+        raise ProblemError(f"offsets must be a 1-D int32 array of G cumulative row ends, got "
+                           f"{offsets.ndim}-D {np.dtype(offsets.dtype).name}")
+    (total_m, k), (groups, k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
+    if offsets.shape[0] != groups:
+        raise ProblemError(f"offsets has {offsets.shape[0]} entries but b has {groups} groups")
+    if offsets.shape[0] and offsets.strides[0] != offsets.itemsize:
+        raise LayoutError("offsets must be contiguous; pass a contiguous copy")
+    src = _same_input_dtype(a.dtype, b.dtype)
+    _check_exact_accumulation(src, k)
+    dst = dtypes.output_for(src.token, out_dtype)
+    _integer_output_scalars(dst.numpy, alpha=alpha)
+    if isinstance(offsets, np.ndarray):
+        _check_offsets(offsets, total_m)
+    la, lda = possible_layouts(a, "a")[0]
+    if not b.size:  # numpy may give an empty array any strides; nothing is read from it
+        lb, ldb = "r", max(n, 1)
+    else:
+        lb, ldb = possible_layouts(ArraySpec(b.shape[1:], b.strides[1:], np.dtype(b.dtype)), "each b[g]")[0]
+    if b.size and (b.strides[0] % b.itemsize or b.strides[0] < 0):
+        raise LayoutError(f"b's groups must be apart by a non-negative whole number of elements, got "
+                          f"stride {b.strides[0]} bytes; pass np.ascontiguousarray(b)")
+    result = (allocate or memory.empty)((total_m, n), dst.numpy)
+    operands = StackedOperands(a, b, offsets, result, lda, ldb, b.strides[0] // b.itemsize,
+                               max(n, 1), alpha)
+    problem = StackedGroupedProblem(groups, n, k, token_bucket(total_m), src.token, dst.token,
+                                    la + lb + "r", variant, target)
+    return problem, operands, result
+
+
+def _check_offsets(offsets: np.ndarray, total_m: int):
+    """Host offsets: non-decreasing, from 0 up to at most total_M."""
+    if not offsets.size:
+        return
+    steps = np.diff(offsets, prepend=np.int32(0))
+    bad = np.flatnonzero(steps < 0)
+    if bad.size:
+        g = int(bad[0])
+        raise ProblemError(f"offsets must be non-decreasing cumulative row ends: offsets[{g}] = "
+                           f"{int(offsets[g])} is smaller than {int(offsets[g - 1]) if g else 0}")
+    if int(offsets[-1]) > total_m:
+        g = int(np.argmax(offsets > total_m))
+        raise ProblemError(f"offsets[{g}] = {int(offsets[g])} exceeds a's {total_m} rows")

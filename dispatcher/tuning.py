@@ -30,13 +30,8 @@ CREATE TABLE IF NOT EXISTS winners (
 
 
 def problem_key(problem) -> tuple:
-    """(text key, three sizes for the nearest-problem distance)."""
-    if hasattr(problem, "groups"):
-        flops = max(problem.flops, 1.0)
-        g = len(problem.groups)
-        return ("groups:" + ",".join("x".join(map(str, s)) for s in problem.groups),
-                (float(g), flops, max((s[2] for s in problem.groups), default=1)))
-    return f"{problem.m}x{problem.n}x{problem.k}", (float(problem.m), float(problem.n), float(problem.k))
+    """(text key, three sizes for the nearest-problem distance): the problem's own."""
+    return problem.tuning_key()
 
 
 class TuningDatabase:

@@ -60,6 +60,32 @@ typedef struct dispatcher_grouped_args {
     void* stream;
 } dispatcher_grouped_args;
 
+/* The stacked (mixture-of-experts) form of a grouped GEMM, as torch._grouped_mm
+ * takes it: A is one (total_m, k) matrix whose rows [offsets[g-1], offsets[g])
+ * belong to group g (offsets[-1] = 0), B is group_count (k, n) matrices
+ * stride_b elements apart, C is one row-major (total_m, n) matrix. `offsets`
+ * (int32, group_count entries, non-decreasing, at most total_m) is in the
+ * target's memory: a CUDA kernel derives the groups' sizes and pointers on the
+ * device, so the host never reads them. Rows of C past offsets[G-1] are set
+ * to zero. Offsets that break these rules write nothing: on cpu the call
+ * fails (status -1); on cuda the kernels skip every group (reporting it
+ * would need a host synchronisation, which the caller may ask for). */
+typedef struct dispatcher_grouped_mm_args {
+    int64_t group_count;
+    const int32_t* offsets;
+    int64_t total_m, n, k;
+    const void* a;
+    int64_t lda;
+    const void* b;
+    int64_t ldb, stride_b;
+    void* c;
+    int64_t ldc;
+    double alpha;
+    void* workspace;
+    int64_t workspace_bytes;
+    void* stream;
+} dispatcher_grouped_mm_args;
+
 typedef int (*dispatcher_gemm_fn)(const dispatcher_gemm_args*);
 
 /* A kernel registry table: the regular variant launches through it. */
@@ -79,6 +105,8 @@ const char* dispatcher_last_error(void);
  *   const dispatcher_registry_entry* dispatcher_registry(int* count); kernel table
  *   int64_t dispatcher_workspace_size(const dispatcher_gemm_args*);  scratch bytes
  *   int64_t dispatcher_grouped_workspace_size(const dispatcher_grouped_args*);
+ *   int dispatcher_run_grouped_mm(const dispatcher_grouped_mm_args*);  stacked grouped
+ *   int64_t dispatcher_grouped_mm_workspace_size(const dispatcher_grouped_mm_args*);
  */
 
 #ifdef __cplusplus

@@ -2,9 +2,12 @@
 
 Its argument is a list of problems, which the single-problem registry path
 cannot express, so launch bypasses the registry and calls the library's
-`dispatcher_run_grouped_gemm` directly with per-group sizes, pointers and
-leading dimensions. The kernel runs one parallel region over the tiles of
-all groups.
+entry point directly: `dispatcher_run_grouped_gemm` with per-group sizes,
+pointers and leading dimensions (`grouped_gemm`'s list form), or
+`dispatcher_run_grouped_mm` with one stacked A, a (G, K, N) B and row
+offsets that the kernel reads where they live (`grouped_mm`, the
+mixture-of-experts form). The kernel runs one parallel region (one launch)
+over the tiles of all groups.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from pathlib import Path
 from dispatcher import dtypes, targets
 from dispatcher.codegen import render
 from dispatcher.hookspecs import hookimpl
-from dispatcher.library import GroupedCall, LaunchResult
+from dispatcher.library import GroupedCall, LaunchResult, grouped_mm_args
+from dispatcher.problem import StackedOperands
 from dispatcher.records import VariantRecord
 from dispatcher.workspace import WORKSPACES
 
@@ -71,7 +75,12 @@ def dispatcher_launch(library, problem, operands, options):
     if problem.variant != VARIANT:
         return None
     stream = options.get("stream", 0)
-    call = GroupedCall(operands, stream=stream)
-    WORKSPACES.attach(library, call.args, stream)
-    library.run_grouped(call.args)  # direct call: no registry table
+    if isinstance(operands, StackedOperands):
+        args = grouped_mm_args(operands, stream=stream)
+        WORKSPACES.attach(library, args, stream)
+        library.run_grouped_mm(args)
+    else:
+        call = GroupedCall(operands, stream=stream)
+        WORKSPACES.attach(library, call.args, stream)
+        library.run_grouped(call.args)  # direct call: no registry table
     return LaunchResult(library.name)

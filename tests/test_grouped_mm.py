@@ -1,0 +1,133 @@
+"""`grouped_mm`, the stacked (mixture-of-experts) form of grouped GEMM, on the CPU."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import dtypes, errors
+from dispatcher.library import grouped_mm_args
+from dispatcher.problem import prepare_grouped_mm
+from dispatcher.verify import max_rel, poison, random_matrix
+
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
+
+
+def experts(counts, n, k, dtype, rng, b_layout="r", tail=0):
+    """Stacked A with `tail` rows no group owns, B (G, K, N) and int32 offsets."""
+    offsets = np.cumsum(counts, dtype=np.int64).astype(np.int32)
+    total = int(offsets[-1]) + tail if len(counts) else tail
+    a = random_matrix(total, k, dtype, "r", rng)
+    b = np.stack([random_matrix(k, n, dtype, b_layout, rng) for _ in counts]) if len(counts) else \
+        np.zeros((0, k, n), dtypes.get(dtype).numpy)
+    if b_layout == "c":  # each b[g] column-major: (G, N, K) storage seen as (G, K, N)
+        b = np.ascontiguousarray(b.transpose(0, 2, 1)).transpose(0, 2, 1)
+    return a, b, offsets
+
+
+def stacked_reference(a, b, offsets, alpha=1.0):
+    """float64, group by group; rows no group owns are zero."""
+    ref = np.zeros((a.shape[0], b.shape[2]))
+    start = 0
+    for g, end in enumerate(offsets):
+        ref[start:end] = alpha * (a[start:end].astype(np.float64) @ b[g].astype(np.float64))
+        start = end
+    return ref
+
+
+def run_poisoned(a, b, offsets, config=SMALL, **kw):
+    """Run through the Dispatcher on a poisoned result, so an element no
+    kernel wrote is caught."""
+    problem, operands, result = prepare_grouped_mm(
+        a, b, offsets, allocate=lambda shape, dtype: poison(np.empty(shape, dtype)), **kw)
+    dispatcher.api.default_dispatcher().run(problem, operands, config)
+    return result
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("b_layout", ["r", "c"])
+@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+def test_every_dtype_with_empty_experts(dtype, b_layout, rng):
+    a, b, offsets = experts([7, 0, 33, 1, 0, 50], 40, 72, dtype, rng, b_layout, tail=5)
+    out = run_poisoned(a, b, offsets)
+    tol = dtypes.relative_tolerance(dtypes.output_for(dtype).token, 72)
+    assert max_rel(out, stacked_reference(a, b, offsets)) <= tol
+
+
+def test_default_selection_and_public_call(rng):
+    a, b, offsets = experts([int(x) for x in rng.integers(0, 90, size=16)], 96, 64, "fp32", rng)
+    out = dispatcher.grouped_mm(a, b, offsets, alpha=0.5)
+    assert out.shape == (a.shape[0], 96) and out.dtype == np.float32
+    assert max_rel(out, stacked_reference(a, b, offsets, 0.5)) <= 1e-5
+
+
+def test_one_expert_and_no_row_owned(rng):
+    a, b, offsets = experts([64], 48, 32, "bf16", rng)
+    assert max_rel(run_poisoned(a, b, offsets), stacked_reference(a, b, offsets)) <= 1e-2
+    a, b, offsets = experts([0, 0, 0], 48, 32, "fp32", rng, tail=9)  # no group owns a row
+    assert np.array_equal(run_poisoned(a, b, offsets), np.zeros((9, 48), np.float32))
+
+
+def test_degenerate_sizes(rng):
+    a, b, offsets = experts([], 8, 16, "fp32", rng, tail=3)  # G = 0
+    assert np.array_equal(dispatcher.grouped_mm(a, b, offsets), np.zeros((3, 8), np.float32))
+    a, b, offsets = experts([2, 3], 8, 0, "fp32", rng)  # K = 0: an empty product
+    assert np.array_equal(dispatcher.grouped_mm(a, b, offsets), np.zeros((5, 8), np.float32))
+    a, b, offsets = experts([0, 0], 8, 16, "fp32", rng)  # total_M = 0
+    assert dispatcher.grouped_mm(a, b, offsets).shape == (0, 8)
+
+
+def test_signature_is_coarse(rng):
+    """Two routings of one layer share the selection and tuning key: the
+    token count is bucketed, the per-expert split is not part of it."""
+    first = prepare_grouped_mm(*experts([10, 50, 4], 64, 32, "fp32", rng))[0]
+    second = prepare_grouped_mm(*experts([30, 30, 3], 64, 32, "fp32", rng))[0]
+    assert first == second and first.tokens == 64
+    assert first.tuning_key() == second.tuning_key()
+    more = prepare_grouped_mm(*experts([40, 40, 3], 64, 32, "fp32", rng))[0]
+    assert more.tokens == 128 and more != first
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([3, 2, 9], r"offsets\[1\] = 2 is smaller than 3"),
+    ([-1, 2, 9], r"offsets\[0\] = -1 is smaller than 0"),
+    ([3, 4, 99], r"offsets\[2\] = 99 exceeds a's 12 rows"),
+])
+def test_bad_offsets_are_refused(bad, match, rng):
+    a, b, _ = experts([3, 4, 5], 16, 8, "fp32", rng)
+    with pytest.raises(errors.ProblemError, match=match):
+        dispatcher.grouped_mm(a, b, np.array(bad, np.int32))
+
+
+def test_kernel_refuses_bad_offsets_and_writes_nothing(rng):
+    """The native entry point checks offsets too (the device form cannot be
+    checked on the host): status -1, and the output keeps its poison."""
+    a, b, offsets = experts([3, 4, 5], 64, 32, "fp32", rng)
+    problem, operands, result = prepare_grouped_mm(a, b, offsets)
+    d = dispatcher.api.default_dispatcher()
+    library = d.library(d.config_for(problem, SMALL))
+    poison(result)
+    bad = np.array([3, 2, 12], np.int32)
+    args = grouped_mm_args(operands)
+    args.offsets = ctypes.c_void_p(bad.ctypes.data)
+    with pytest.raises(errors.KernelError, match=r"offsets\[1\] = 2 is smaller"):
+        library.run_grouped_mm(args)
+    assert np.isnan(result).all()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda a, b, o: dispatcher.grouped_mm(a, b[0], o), errors.ProblemError, "b must be 3-D"),
+    (lambda a, b, o: dispatcher.grouped_mm(a[None], b, o), errors.ProblemError, "a must be 2-D"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b, o.astype(np.int64)), errors.ProblemError, "int32"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b, o[:2]), errors.ProblemError, "2 entries but b has 3"),
+    (lambda a, b, o: dispatcher.grouped_mm(a[:, :4], b, o), errors.ProblemError, "inner dimensions"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b.astype(np.float16), o), errors.DtypeError, "both inputs"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b, o[::-1].copy()[::-1]), errors.LayoutError, "contiguous"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b, o, variant="regular"), errors.ConfigError, "grouped"),
+    (lambda a, b, o: dispatcher.grouped_mm(a, b, o, options={"bogus": 1}), errors.ConfigError, "bogus"),
+])
+def test_bad_arguments(call, error, match, rng):
+    a, b, offsets = experts([3, 4, 5], 16, 8, "fp32", rng)
+    with pytest.raises(error, match=match):
+        call(a, b, offsets)
