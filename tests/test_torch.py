@@ -252,3 +252,80 @@ def test_compile_inductor_fullgraph():
     expected.sum().backward()
     assert torch.allclose(out, expected, rtol=1e-5, atol=1e-6)
     assert torch.allclose(grad, x.grad, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ grouped_mm
+def routed(dtype, transposed_b, seed=0):
+    """Stacked tokens (27 rows, the last 4 routed nowhere), 3 experts of
+    which the middle one gets no rows; b as (G, K, N), or as the transposed
+    view of (G, N, K) weights."""
+    a = matrix(27, 40, dtype, "r", seed)
+    w = torch.stack([matrix(24, 40, dtype, "r", seed + 1 + g) for g in range(3)])
+    b = w.transpose(1, 2) if transposed_b else w.transpose(1, 2).contiguous()
+    return a, b, torch.tensor([9, 9, 23], dtype=torch.int32)
+
+
+def grouped_reference(a, b, offsets, alpha=1.0):
+    """The float64 result, built with torch autograd so gradients come with it."""
+    rows = [0, *offsets.tolist()]
+    parts = [alpha * a[rows[g]:rows[g + 1]] @ b[g] for g in range(b.shape[0])]
+    return torch.cat([*parts, torch.zeros(a.shape[0] - rows[-1], b.shape[2], dtype=a.dtype)])
+
+
+@pytest.mark.parametrize("dtype,transposed_b", [("fp32", False), ("bf16", True)])
+def test_grouped_mm_matches_float64_reference(dtype, transposed_b):
+    a, b, offsets = routed(dtype, transposed_b)
+    out = dt.grouped_mm(a, b, offsets, alpha=0.5)
+    assert out.shape == (27, 24) and out.dtype == TORCH[dtype]
+    assert rel(out, f64(grouped_reference(a.double(), b.double(), offsets, 0.5))) <= TOL[dtype]
+    assert torch.equal(out[23:], torch.zeros(4, 24, dtype=out.dtype))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_grouped_mm_autograd_matches_torch_gradients(dtype):
+    a0, b0, offsets = routed(dtype, True, seed=3)
+    w0 = b0.transpose(1, 2)  # the (G, N, K) weights a model holds
+    a, w = _leaves(a0, w0)
+    a64, w64 = _leaves(a0.double(), w0.double())
+    g = matrix(27, 24, dtype, "r", 9)
+    dt.grouped_mm(a, w.transpose(1, 2), offsets, alpha=1.5).backward(g)
+    grouped_reference(a64, w64.transpose(1, 2), offsets, 1.5).backward(g.double())
+    for got, want in ((a, a64), (w, w64)):
+        assert got.grad.dtype == got.dtype and got.grad.stride() == got.stride()
+        assert rel(got.grad, f64(want.grad)) <= TOL[dtype] * 2
+    assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))  # the expert without rows
+
+
+@pytest.mark.parametrize("op", ["grouped_mm", "grouped_mm_grad_b"])
+def test_grouped_opcheck(op):
+    a, b, offsets = routed("bf16", True)
+    if op == "grouped_mm":
+        args = (a.requires_grad_(), b.requires_grad_(), offsets)
+    else:
+        args = (a, matrix(27, 24, "bf16"), offsets, 1.0, True)
+    result = torch.library.opcheck(getattr(torch.ops.gemm_dispatcher, op).default, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_grouped_mm_compiles_fullgraph():
+    a0, b0, offsets = routed("fp32", True)
+    a, w = _leaves(a0, b0.transpose(1, 2))
+
+    def experts(x, weights):
+        return torch.nn.functional.gelu(dt.grouped_mm(x, weights.transpose(1, 2), offsets)).sum()
+
+    compiled = torch.compile(experts, backend="aot_eager", fullgraph=True)
+    compiled(a, w).backward()
+    grads = a.grad.clone(), w.grad.clone()
+    a.grad = w.grad = None
+    experts(a, w).backward()
+    assert torch.allclose(grads[0], a.grad, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(grads[1], w.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_mm_bad_input():
+    a, b, offsets = routed("fp32", False)
+    with pytest.raises(dispatcher.ProblemError, match="do not fit"):
+        dt.grouped_mm(a, b, offsets[:2])
+    with pytest.raises(dispatcher.ProblemError, match="non-decreasing"):
+        dt.grouped_mm(a, b, torch.tensor([9, 4, 23], dtype=torch.int32))

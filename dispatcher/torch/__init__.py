@@ -6,6 +6,6 @@ alone never imports torch. Needs `pip install 'gemm-dispatcher[torch]'`.
 """
 
 from dispatcher.torch.linear import Linear, swap_linears
-from dispatcher.torch.ops import config_key, gemm
+from dispatcher.torch.ops import config_key, gemm, grouped_mm
 
-__all__ = ["Linear", "config_key", "gemm", "swap_linears"]
+__all__ = ["Linear", "config_key", "gemm", "grouped_mm", "swap_linears"]

@@ -7,6 +7,13 @@ kernel config travels as a string key: `config_key(config)` registers a
 `KernelConfig` (or a dict of config fields) and returns the key the ops
 take (the wrappers here do that for you).
 
+`grouped_mm` is the stacked mixture-of-experts form (dispatcher.grouped_mm,
+in `torch._grouped_mm`'s argument order). Its dA is a grouped_mm on the
+transposed view of b; its dB (one K x N product per group, summed over that
+group's rows) is `gemm_dispatcher::grouped_mm_grad_b`, a grouped_gemm over
+per-group views, which reads the offsets on the host (a synchronisation on
+CUDA, in the backward only).
+
 Backward passes are GEMMs on transposed *views*: dA = alpha * dC @ B^T and
 dB = alpha * A^T @ dC, each written in its operand's layout (a column-major
 operand gets the row-major transpose product, viewed back), so a
@@ -23,7 +30,8 @@ import torch
 import dispatcher
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, ProblemError
-from dispatcher.torch.tensors import column_major, for_target, output_dtype, readable, target_of
+from dispatcher.torch.tensors import (column_major, for_target, from_target, output_dtype, readable,
+                                      target_of, token)
 
 _CONFIGS: dict = {}
 
@@ -135,3 +143,97 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     which are selected for their own shapes and layouts.
     """
     return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config))
+
+
+# ------------------------------------------------------------ grouped_mm
+def _check_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
+    if a.dim() != 2 or b.dim() != 3 or offsets.dim() != 1:
+        raise ProblemError(f"grouped_mm takes a (total_M, K), b (G, K, N) and offsets (G,), got shapes "
+                           f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(offsets.shape)}")
+    if a.shape[1] != b.shape[1] or offsets.shape[0] != b.shape[0]:
+        raise ProblemError(f"a {tuple(a.shape)}, b {tuple(b.shape)} and offsets {tuple(offsets.shape)} "
+                           "do not fit: a's K must be b's dim 1, and offsets needs one entry per group")
+
+
+@torch.library.custom_op("gemm_dispatcher::grouped_mm", mutates_args=())
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                out_dtype: Optional[torch.dtype] = None, alpha: float = 1.0,
+                config: Optional[str] = None) -> torch.Tensor:
+    """Rows [offsets[g-1], offsets[g]) of a times b[g], through dispatcher.grouped_mm."""
+    _check_grouped(a, b, offsets)
+    target = target_of(a, b, offsets)
+    result = dispatcher.grouped_mm(for_target(a, target), for_target(b, target),
+                                   for_target(offsets, target),
+                                   out_dtype=None if out_dtype is None else token(out_dtype),
+                                   alpha=alpha, target=target, config=_config(config))
+    return from_target(result)
+
+
+@_grouped_mm.register_fake
+def _grouped_mm_fake(a, b, offsets, out_dtype=None, alpha=1.0, config=None):
+    _check_grouped(a, b, offsets)
+    return a.new_empty((a.shape[0], b.shape[2]), dtype=output_dtype(a, out_dtype))
+
+
+@torch.library.custom_op("gemm_dispatcher::grouped_mm_grad_b", mutates_args=())
+def _grouped_mm_grad_b(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, alpha: float,
+                       transposed: bool) -> torch.Tensor:
+    """dB of grouped_mm: alpha * a[rows_g]^T @ grad[rows_g] per group, (G, K, N)
+    with b's dtype; `transposed`: (G, N, K), each group's product
+    grad[rows_g]^T @ a[rows_g], for a b whose groups are column-major.
+    A group without rows gets zeros."""
+    target = target_of(a, grad, offsets)
+    ends = offsets.tolist()
+    groups = [(g, start, end) for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends)) if end > start]
+    shape = (len(ends), grad.shape[1], a.shape[1]) if transposed else (len(ends), a.shape[1], grad.shape[1])
+    out = a.new_zeros(shape)
+    left, right = (grad, a) if transposed else (a, grad)
+    products = dispatcher.grouped_gemm(
+        [for_target(left[start:end].t(), target) for _, start, end in groups],
+        [for_target(right[start:end], target) for _, start, end in groups],
+        out_dtype=token(a.dtype), alpha=alpha, target=target)
+    for (g, _, _), product in zip(groups, products):
+        out[g].copy_(from_target(product))
+    return out
+
+
+@_grouped_mm_grad_b.register_fake
+def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
+    g, k, n = offsets.shape[0], a.shape[1], grad.shape[1]
+    return a.new_empty((g, n, k) if transposed else (g, k, n))
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    a, b, offsets, _, alpha, _ = inputs
+    ctx.save_for_backward(a, b, offsets)
+    ctx.alpha = alpha
+
+
+def _grouped_mm_backward(ctx, grad):
+    a, b, offsets = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    grad_a = grad_b = None
+    dc = _operand(grad, a.dtype)
+    if need_a:
+        grad_a = grouped_mm(dc, b.transpose(1, 2), offsets, out_dtype=a.dtype, alpha=ctx.alpha)
+    if need_b:
+        transposed = b.shape[0] > 0 and column_major(b[0])
+        grad_b = torch.ops.gemm_dispatcher.grouped_mm_grad_b(a, dc, offsets, ctx.alpha, transposed)
+        if transposed:
+            grad_b = grad_b.transpose(1, 2)
+    return grad_a, grad_b, None, None, None, None
+
+
+_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None):
+    """`torch.ops.gemm_dispatcher.grouped_mm`: dispatcher.grouped_mm as a
+    differentiable, traceable op, in `torch._grouped_mm`'s argument order.
+
+    a (total_M, K), b (G, K, N) (each b[g] row- or column-major: a
+    `w.transpose(1, 2)` view is read in place), offsets (G,) int32
+    cumulative row ends on a's device; returns (total_M, N), rows past
+    offsets[-1] zero. config: as for `gemm`.
+    """
+    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype, alpha, config_key(config))

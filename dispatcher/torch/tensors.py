@@ -82,3 +82,15 @@ def readable(t: torch.Tensor) -> bool:
 def column_major(t: torch.Tensor) -> bool:
     """Whether 2-D `t` is column-major and not also row-major."""
     return t.stride(0) == 1 and t.stride(1) != 1 and t.shape[0] > 1
+
+
+def from_host(x: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over a numpy array's memory (no copy); bf16 and fp8
+    arrays pass through a same-size integer view, as in `host_view`."""
+    dtype = torch_types()[1][np.dtype(x.dtype)]
+    return torch.from_numpy(x.view(f"i{x.itemsize}")).view(dtype)
+
+
+def from_target(x) -> torch.Tensor:
+    """A result as a tensor: a numpy one (cpu target) wrapped, a tensor as it is."""
+    return from_host(x) if isinstance(x, np.ndarray) else x
