@@ -83,16 +83,28 @@ def test_configs():
     return out
 
 
+def torch_configs():
+    """What tests/test_torch_gpu.py and benchmarks/torch_mlp.py select: the
+    bf16 defaults of each layout a Linear's forward (rcr) and backward (rrr
+    for dX, crr for dW) and a grouped_mm's forward (rcr on transposed
+    expert weights), dA (rrr) and dB (crr) run."""
+    from dispatcher.plugins import get_manager
+
+    return [KernelConfig.create(variant=variant, target="cuda", dtype="bf16", layout=layout, **fields)
+            for variant in ("regular", "grouped") for layout in ("rcr", "rrr", "crr")
+            for fields in get_manager().variant(variant).default_configs("cuda", "bf16", layout)]
+
+
 def smoke():
     return [c for c in regular_sweep()[:1] + stream_k_sweep()[:2] + grouped_sweep()[:1]]
 
 
 def everything():
     seen = {}
-    for c in test_configs() + regular_sweep() + stream_k_sweep() + grouped_sweep():
+    for c in test_configs() + torch_configs() + regular_sweep() + stream_k_sweep() + grouped_sweep():
         seen[c.name] = c
     return list(seen.values())
 
 
 SETS = {"smoke": smoke, "tests": test_configs, "bench": lambda: regular_sweep() + stream_k_sweep() + grouped_sweep(),
-        "all": everything}
+        "torch": torch_configs, "all": everything}
