@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
 
 import dispatcher.torch as dt  # noqa: E402
+from conftest import train_losses  # noqa: E402
 from dispatcher import dtypes  # noqa: E402
 from dispatcher.verify import max_rel  # noqa: E402
 
@@ -58,26 +59,13 @@ def mlp(seed=0):
                                torch.nn.GELU(), torch.nn.Linear(256, 1)).cuda().bfloat16()
 
 
-def train(model, steps=5, compile_=False):
+@pytest.mark.parametrize("backend", [None, "inductor"], ids=["eager", "inductor"])
+def test_mlp_trains_as_nn_linear(backend):
     gen = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(512, 256, generator=gen, device="cuda").bfloat16()
     y = torch.randn(512, 1, generator=gen, device="cuda").bfloat16()
-    step_model = torch.compile(model, fullgraph=True) if compile_ else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(step_model(x).float(), y.float())
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "inductor"])
-def test_mlp_trains_as_nn_linear(compile_):
-    expected = train(mlp())
-    got = train(dt.swap_linears(mlp()), compile_=compile_)
+    expected = train_losses(mlp(), x, y)
+    got = train_losses(dt.swap_linears(mlp()), x, y, backend=backend)
     np.testing.assert_allclose(got, expected, rtol=3e-2)
 
 
