@@ -3,6 +3,7 @@ float64 reference, its autograd against torch's own gradients, opcheck,
 torch.compile without graph breaks, and Linear in a model that trains as
 the nn.Linear one does."""
 
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,13 @@ def test_importing_dispatcher_does_not_import_torch():
     code = "import sys, dispatcher; dispatcher.gemm; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_import_without_torch_says_how_to_install(tmp_path):
+    (tmp_path / "torch.py").write_text("raise ImportError('No module named torch')")
+    done = subprocess.run([sys.executable, "-c", "import dispatcher.torch"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert "pip install 'gemm-dispatcher[torch]'" in done.stderr and done.returncode == 1
 
 
 @pytest.mark.parametrize("dtype,layout", [("fp32", "rr"), ("fp32", "rc"), ("fp32", "cr"),
