@@ -152,6 +152,8 @@ def test_bad_input_raises_dispatcher_errors():
         dt.gemm(a[0], a.t())
     with pytest.raises(dispatcher.DtypeError, match="float64"):
         dt.gemm(a.double(), a.t().double())
+    with pytest.raises(dispatcher.LayoutError, match=r"pass a.contiguous\(\)"):
+        dt.gemm(matrix(4, 16, "fp32")[:, ::2], a)
     with pytest.raises(dispatcher.ConfigError, match="not registered"):
         torch.ops.gemm_dispatcher.gemm(a, a.t(), None, 1.0, 0.0, None, "regular", "no-such-key")
     with pytest.raises(dispatcher.ConfigError, match="KernelConfig or a dict"):
@@ -320,5 +322,7 @@ def test_grouped_mm_bad_input():
     a, b, offsets = routed("fp32", False)
     with pytest.raises(dispatcher.ProblemError, match="do not fit"):
         dt.grouped_mm(a, b, offsets[:2])
+    with pytest.raises(dispatcher.LayoutError, match=r"pass b.contiguous\(\)"):
+        dt.grouped_mm(a, b[:, :, ::2], offsets)
     with pytest.raises(dispatcher.ProblemError, match="non-decreasing"):
         dt.grouped_mm(a, b, torch.tensor([9, 4, 23], dtype=torch.int32))

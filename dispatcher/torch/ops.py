@@ -30,8 +30,8 @@ import torch
 import dispatcher
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, ProblemError
-from dispatcher.torch.tensors import (column_major, for_target, from_target, output_dtype, readable,
-                                      target_of, token)
+from dispatcher.torch.tensors import (check_readable, column_major, for_target, from_target,
+                                      output_dtype, readable, target_of, token)
 
 _CONFIGS: dict = {}
 
@@ -76,6 +76,8 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
           config: Optional[str] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
     _check_shapes(a, b)
+    check_readable("a", a)
+    check_readable("b", b)
     target = target_of(a, b, c)
     out = a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
     dispatcher.gemm(for_target(a, target), for_target(b, target), c=for_target(c, target),
@@ -161,6 +163,8 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                 config: Optional[str] = None) -> torch.Tensor:
     """Rows [offsets[g-1], offsets[g]) of a times b[g], through dispatcher.grouped_mm."""
     _check_grouped(a, b, offsets)
+    check_readable("a", a)
+    check_readable("b", b)
     target = target_of(a, b, offsets)
     result = dispatcher.grouped_mm(for_target(a, target), for_target(b, target),
                                    for_target(offsets, target),

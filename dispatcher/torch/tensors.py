@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dispatcher import dtypes
-from dispatcher.errors import DtypeError, ProblemError
+from dispatcher.errors import DtypeError, LayoutError, ProblemError
 from dispatcher.targets.cuda_memory import torch_types
 
 # Same-size integer types: numpy has them all, so torch can export their bytes.
@@ -77,6 +77,15 @@ def readable(t: torch.Tensor) -> bool:
     row_major = (s1 == 1 or cols <= 1) and (s0 >= cols or rows <= 1)
     column_major = (s0 == 1 or rows <= 1) and (s1 >= rows or cols <= 1)
     return row_major or column_major
+
+
+def check_readable(name: str, t: torch.Tensor):
+    """A LayoutError, in torch's words, for an operand the kernels cannot
+    read in place (each matrix of a 3-D one is checked alike)."""
+    matrix = t[0] if t.dim() == 3 and t.shape[0] else t
+    if matrix.dim() == 2 and not readable(matrix):
+        raise LayoutError(f"{name} with shape {tuple(t.shape)} and strides {t.stride()} is neither row- nor "
+                          f"column-major with unit inner stride; pass {name}.contiguous()")
 
 
 def column_major(t: torch.Tensor) -> bool:
