@@ -160,6 +160,16 @@ def test_bad_input_raises_dispatcher_errors():
         dt.gemm(a, a.t(), config=42)
 
 
+def test_variant_reaches_the_backward_gemms(monkeypatch):
+    a, b = _leaves(matrix(12, 16, "fp32", "r", 1), matrix(16, 8, "fp32", "r", 2))
+    seen, gemm = [], dispatcher.gemm
+    monkeypatch.setattr(dispatcher, "gemm", lambda *x, **kw: seen.append(kw["variant"]) or gemm(*x, **kw))
+    out = dt.gemm(a, b, variant="stream_k")
+    out.backward(matrix(12, 8, "fp32", "r", 3))
+    assert seen == ["stream_k"] * 3
+    assert torch.allclose(out, a.detach() @ b.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_config_passes_through(monkeypatch):
     fields = dict(tile_m=24, tile_n=64, tile_k=32)
     seen, gemm = [], dispatcher.gemm

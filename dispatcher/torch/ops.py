@@ -93,9 +93,9 @@ def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regul
 
 
 def _gemm_setup(ctx, inputs, output):
-    a, b, c, alpha, beta, *_ = inputs
+    a, b, c, alpha, beta, _, variant, _ = inputs
     ctx.save_for_backward(a, b)
-    ctx.alpha, ctx.beta = alpha, beta
+    ctx.alpha, ctx.beta, ctx.variant = alpha, beta, variant
     ctx.c_dtype = None if c is None else c.dtype
 
 
@@ -106,9 +106,9 @@ def _gemm_backward(ctx, grad):
     if need_a or need_b:
         dc = _operand(grad, a.dtype)
         if need_a:
-            grad_a = _product_like(a, dc, b.t(), ctx.alpha)
+            grad_a = _product_like(a, dc, b.t(), ctx.alpha, ctx.variant)
         if need_b:
-            grad_b = _product_like(b, a.t(), dc, ctx.alpha)
+            grad_b = _product_like(b, a.t(), dc, ctx.alpha, ctx.variant)
     if need_c:
         grad_c = (grad * ctx.beta).to(ctx.c_dtype)
     return grad_a, grad_b, grad_c, None, None, None, None, None
@@ -125,12 +125,13 @@ def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return grad if readable(grad) else grad.contiguous()
 
 
-def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float,
+                  variant: str) -> torch.Tensor:
     """alpha * x @ y laid out as `like`: for a column-major `like`, the
     row-major product y^T @ x^T viewed transposed (no copy either way)."""
     if column_major(like):
-        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype).t()
-    return gemm(x, y, alpha=alpha, out_dtype=like.dtype)
+        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype, variant=variant).t()
+    return gemm(x, y, alpha=alpha, out_dtype=like.dtype, variant=variant)
 
 
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None):
@@ -139,10 +140,11 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
 
     a, b: 2-D tensors of one dtype on one device (CPU tensors run on the cpu
     target, CUDA tensors on the cuda target, on the current stream), row- or
-    column-major (transposed views are read in place). config: a
-    KernelConfig, a dict of config fields, or None to select one (the tuning
-    database first); it applies to this product, not to its backward GEMMs,
-    which are selected for their own shapes and layouts.
+    column-major (transposed views are read in place). variant: a
+    single-GEMM variant (regular, stream_k), for the backward GEMMs too.
+    config: a KernelConfig, a dict of config fields, or None to select one
+    (the tuning database first); it applies to this product, not to its
+    backward GEMMs, which are selected for their own shapes and layouts.
     """
     return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config))
 
