@@ -14,8 +14,9 @@ class Linear(torch.nn.Linear):
     state_dict; y = x @ weight^T + bias runs `gemm_dispatcher::gemm` on
     `weight.t()`, a column-major view (no copy, forward or backward).
 
-    variant, config: as for `dispatcher.gemm` (config applies to the forward
-    product; the backward GEMMs are selected, the tuning database first).
+    variant, config: as for `dispatcher.gemm`; the backward GEMMs run the same
+    variant, but config applies to the forward product only (the backward
+    ones, of other layouts, are selected: the tuning database first).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
