@@ -217,6 +217,8 @@ def test_swap_linears_in_place_shares_parameters():
     assert type(model.inner[0]) is dt.Linear and type(model.inner[2]) is dt.Linear
     assert model.inner[0].weight is weight and model.inner[2].bias is None
     assert type(model.attn.out_proj) is not dt.Linear
+    bare = torch.nn.Linear(4, 4)
+    assert type(dt.swap_linears(bare)) is dt.Linear and dt.swap_linears(bare).weight is bare.weight
 
 
 def mlp(dtype, seed=0):

@@ -50,7 +50,10 @@ class Linear(torch.nn.Linear):
 def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
     """Replace every `torch.nn.Linear` of `model` (exactly that class:
     subclasses may have their own forward) by a `Linear` sharing its
-    parameters, in place; returns `model`. kwargs: variant, config."""
+    parameters, in place; returns `model` (a bare nn.Linear, which cannot
+    be replaced in place, comes back as its replacement). kwargs: variant, config."""
+    if type(model) is torch.nn.Linear:
+        return Linear.from_linear(model, **kwargs)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
