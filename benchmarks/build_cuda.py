@@ -1,10 +1,10 @@
 """Build CUDA kernels into a build cache ahead of a GPU run, in parallel.
 
-    python benchmarks/build_cuda.py --set smoke|tests|bench|all [--jobs 2] [--pack OUT.tar.xz]
+    python benchmarks/build_cuda.py --set catalog|tests|all [--jobs 2] [--pack OUT.tar.xz]
 
-The GPU machine then needs only the cache (packed with --pack) and runs
-without compiling. The sets are the configs the GPU tests and
-benchmarks/cuda_gemm.py use.
+The sets (benchmarks/cuda_sweeps.py) are the variants' catalogs and the
+configs the GPU tests use. Run it on the GPU machine itself (nvcc there,
+many cores), or here and carry the cache packed with --pack.
 """
 
 from __future__ import annotations

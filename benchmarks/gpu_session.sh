@@ -1,20 +1,33 @@
 #!/bin/bash
-# One GPU session on a machine without a compiler: install the wheels, unpack
-# a build cache made here, then the GPU tests, a profile of the per-call path
-# and the whole CUDA benchmark, writing everything under $OUT.
+# One GPU session on the H200 machine (nvcc there, nothing downloadable):
 #
-#   pip wheel --no-deps -w .whl . && pip download --no-deps -d .whl nvidia-cutlass threadpoolctl
-#   DISPATCHER_CACHE_DIR=.carry/cache python benchmarks/build_cuda.py --set all --pack .carry/pack/cache.tar.xz
-#   OUT=/some/dir bash benchmarks/gpu_session.sh      # on the GPU machine
+#   git archive HEAD | tar -x -C /tmp/clean && pip wheel --no-deps -w .whl /tmp/clean
+#   pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 nvidia-matmul-heuristics
+#   cp ../shared/bench/shapes.json .carry/pack/shapes.json
+#   OUT=/some/dir bash benchmarks/gpu_session.sh build test    # on the GPU machine
+#   OUT=/some/dir bash benchmarks/gpu_session.sh bench
+#
+# build: the catalogs and the GPU tests' kernels, in parallel, into .gpucache
+# (kept on a warm machine between calls); pack: that cache into
+# $OUT/cache.tar.xz; unpack: it back from .carry/pack/cache.tar.xz on a fresh
+# machine; test: the GPU tests; bench: the CUDA benchmark. Everything it
+# prints and writes lands under $OUT.
 set -u
 R=$PWD
-WHEELS=${WHEELS:-.whl} CACHE=${CACHE:-.carry/pack/cache.tar.xz} SHAPES=${SHAPES:-.carry/pack/shapes.json}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $WHEELS/*.whl || exit 1
+WHEELS=${WHEELS:-.whl} SHAPES=${SHAPES:-.carry/pack/shapes.json}
+rm -rf /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $WHEELS/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 GEMM_SHAPES=$R/$SHAPES
-mkdir -p /tmp/cache && tar -xJf $CACHE -C /tmp/cache
-export DISPATCHER_CACHE_DIR=/tmp/cache DISPATCHER_TEST_CACHE_DIR=/tmp/cache
+export DISPATCHER_CACHE_DIR=$R/.gpucache DISPATCHER_TEST_CACHE_DIR=$R/.gpucache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
-timeout 200 python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
-    | tee $OUT/gpu_tests.log | tail -3
-(cd /tmp && timeout 60 python3 $R/benchmarks/profile_call.py) 2>&1 | tee $OUT/profile_call.log | head -45
-timeout 300 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tail -32
+for step in "$@"; do
+  case $step in
+    build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set all --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
+    pack) tar -cJf $OUT/cache.tar.xz -C $R/.gpucache kernels && ls -la $OUT/cache.tar.xz ;;
+    unpack) mkdir -p $R/.gpucache && tar -xJf $R/.carry/pack/cache.tar.xz -C $R/.gpucache ;;
+    test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
+             | tee $OUT/gpu_tests.log | tail -25 ;;
+    bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;
+    *) echo "unknown step $step" ; exit 2 ;;
+  esac
+done

@@ -7,8 +7,12 @@ cached on disk; loaded libraries and selections are memoized per process.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 import numpy as np
@@ -21,7 +25,20 @@ from .library import Library
 from .plugins import get_manager
 from .problem import check_arrays, operand_list, prepare_gemm, prepare_grouped, prepare_grouped_mm
 from .records import resolve_launch_options
+from .selection import rank
+from .timing import TimingOptions, median
 from .tuning import TuningDatabase
+
+log = logging.getLogger("dispatcher")
+
+# Autotune: how many ranked candidates are built and timed, and how.
+AUTOTUNE_TOP_K = 4
+AUTOTUNE_TIMING = TimingOptions(warmup=2, repeat=10, flush_l2=False)
+
+
+def autotune_default() -> bool:
+    """`DISPATCHER_AUTOTUNE=1` turns autotune on for calls that do not say."""
+    return os.environ.get("DISPATCHER_AUTOTUNE", "") not in ("", "0")
 
 
 class Dispatcher:
@@ -37,6 +54,9 @@ class Dispatcher:
         self._selected: dict = {}
         self._ready: dict = {}  # problem -> (selected config, its library): one lookup per call
         self._lock = threading.Lock()
+        self.autotune_log: list = []  # what each autotune cost and chose
+        self._launchers: dict = {}  # variant -> its bound dispatcher_launch implementation
+        self._generation = self.manager.generation
 
     @property
     def hook(self):
@@ -88,6 +108,21 @@ class Dispatcher:
             self._selected[key] = chosen
         return self._selected[key]
 
+    def ranked(self, problem) -> list:
+        """The buildable default configs as `selection.Estimate`s, best first."""
+        return rank(problem, self.candidates(problem), self.manager)
+
+    def explain(self, problem) -> dict:
+        """What selection would do for `problem`, running nothing: the tuned
+        config (if any), the ranked candidates with their estimates, and the
+        rejected ones with the reason."""
+        candidates, rejected = self.default_configs(problem)
+        tuned = self.tuning.lookup(problem, candidates) if self.tuning is not None else None
+        chosen = self.hook.dispatcher_select_library(problem=problem, candidates=candidates,
+                                                     tuning=self.tuning)
+        return dict(problem=problem, tuned=tuned, chosen=chosen,
+                    ranked=rank(problem, candidates, self.manager), rejected=rejected)
+
     def _no_kernel_message(self, problem, rejected) -> str:
         target = targets.get(problem.target)
         lines = [f"no kernel can run variant {problem.variant!r} on {problem.target!r} "
@@ -121,15 +156,34 @@ class Dispatcher:
     def load(self, built, config: KernelConfig) -> Library:
         return Library(built.path, expected_name=config.name, config=config)
 
-    def launch(self, library: Library, problem, operands, options=None):
+    def launch(self, library: Library, problem, operands, options=None, resolved: bool = False):
         """Run `problem` on `library`; `options` are checked against the
-        variant's launch options first (they reach native code)."""
-        options = resolve_launch_options(self.manager.variant(problem.variant), options)
-        result = self.hook.dispatcher_launch(library=library, problem=problem, operands=operands,
-                                             options=options)
+        variant's launch options first (they reach native code) unless
+        `resolved` says the caller did. The first launch of a variant walks
+        the hook chain and binds the implementation that answered; later
+        launches call it directly (see `PluginManager.launcher`)."""
+        if not resolved:
+            options = resolve_launch_options(self.manager.variant(problem.variant), options)
+        self._check_generation()
+        bound = self._launchers.get(problem.variant)
+        if bound is not None:
+            result = bound(library=library, problem=problem, operands=operands, options=options)
+        else:
+            result, bound = self.manager.launcher(problem.variant, library, problem, operands, options)
+            if bound is not None:
+                self._launchers[problem.variant] = bound
         if result is None:
             raise PluginError(f"no plugin launches variant {problem.variant!r}")
         return result
+
+    def _check_generation(self):
+        """Forget bound launches and selections made under other plugins."""
+        if self._generation != self.manager.generation:
+            with self._lock:
+                self._launchers.clear()
+                self._selected.clear()
+                self._ready.clear()
+                self._generation = self.manager.generation
 
     # ------------------------------------------------------------- chains
     def library(self, config: KernelConfig) -> Library:
@@ -143,26 +197,84 @@ class Dispatcher:
         _, library = self._chosen(problem, config)
         return self.launch(library, problem, operands, options)
 
-    def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False):
-        """`run`, but a selected kernel's status -2 retries with the variant's
-        fallback (stream-K -> regular) unless `strict` or a config was given.
+    def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False,
+                         resolved: bool = False):
+        """`run`, but when the selected kernel returns status -2 the next
+        ranked kernels of the variant are tried, then the variant's fallback
+        (stream-K -> regular), unless `strict` or a config was given.
         Returns the (problem, config) that ran."""
         chosen, library = self._chosen(problem, config)
         try:
-            self.launch(library, problem, operands, options)
+            self.launch(library, problem, operands, options, resolved)
             return problem, chosen
         except UnsupportedProblem:
-            fallback = self.manager.variant(problem.variant).fallback
-            if strict or config is not None or not fallback:
+            if strict or config is not None:
                 raise
-        problem = attrs.evolve(problem, variant=fallback)
-        chosen, library = self.ready(problem)
-        self.launch(library, problem, operands, options)
-        return problem, chosen
+        for other in self.ranked(problem):
+            if other.config != chosen:
+                try:
+                    self.launch(self.library(other.config), problem, operands, options, resolved)
+                    return problem, other.config
+                except UnsupportedProblem:
+                    continue
+        fallback = self.manager.variant(problem.variant).fallback
+        if not fallback:
+            raise UnsupportedProblem(f"no kernel of variant {problem.variant!r} runs this problem "
+                                     f"(every ranked candidate returned status -2)")
+        return self.run_or_fall_back(attrs.evolve(problem, variant=fallback), operands, None, options,
+                                     resolved=resolved)
+
+    def autotune_if_new(self, problem, operands, options=None):
+        """`autotune` the first time `problem` is seen: not yet selected in
+        this process and without an exact tuning-database entry."""
+        if problem not in self._ready and self.tuning is not None and not self.tuning.has(problem):
+            self.autotune(problem, operands, options)
+
+    def autotune(self, problem, operands, options=None, top_k: int = AUTOTUNE_TOP_K):
+        """Build the `top_k` ranked candidates in parallel, time each on
+        scratch outputs in this process (the target's timer: CUDA events on
+        the GPU), store the fastest in the tuning database and select it.
+        Returns (winner, {config name: seconds}, seconds this took), and logs
+        that cost. Problems whose outputs are a list (the list form of
+        grouped GEMM) are not autotuned."""
+        started = time.perf_counter()
+        target = targets.get(problem.target)
+        configs = [e.config for e in self.ranked(problem)[:top_k]]
+        if not configs or isinstance(operands.c, list):
+            return None, {}, 0.0
+        with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
+            libraries = list(pool.map(self.library, configs))
+        memory = target.memory
+        scratch = memory.empty(operands.c.shape, operands.c.dtype)  # never the caller's C
+        trial = attrs.evolve(operands, c=scratch, ldc=max(operands.c.shape[1], 1),
+                             **({"beta": 0.0} if hasattr(operands, "beta") else {}))
+        options = resolve_launch_options(self.manager.variant(problem.variant), options)
+        times = {}
+        for config, library in zip(configs, libraries):
+            try:
+                times[config] = median(target.measure(
+                    lambda i: self.launch(library, problem, trial, options), AUTOTUNE_TIMING,
+                    options.get("stream", 0)))
+            except UnsupportedProblem:
+                continue
+        if not times:
+            return None, {}, time.perf_counter() - started
+        winner = min(times, key=lambda c: (times[c], c.name))
+        if self.tuning is not None:
+            self.tuning.record(problem, winner, times[winner] * 1e3, source="autotune")
+        with self._lock:
+            self._selected[problem] = winner
+            self._ready.pop(problem, None)
+        spent = time.perf_counter() - started
+        log.info("autotune %s: %s won of %d in %.2f s", problem, winner.name, len(times), spent)
+        self.autotune_log.append(dict(problem=problem, winner=winner.name, seconds=spent,
+                                      times={c.name: t for c, t in times.items()}))
+        return winner, {c.name: t for c, t in times.items()}, spent
 
     def ready(self, problem) -> tuple:
         """(selected config, its loaded library) for `problem`, memoized: the
         per-call path of `gemm` on a known problem is one dict lookup."""
+        self._check_generation()
         found = self._ready.get(problem)
         if found is None:
             config = self.select(problem)
@@ -238,7 +350,7 @@ def _stored(values: np.ndarray, dtype) -> np.ndarray:
 
 
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant="regular",
-         target="cpu", config=None, strict=False, options=None, dispatcher=None):
+         target="cpu", config=None, strict=False, autotune=None, options=None, dispatcher=None):
     """alpha * a @ b + beta * c, on the selected (or given) kernel.
 
     a, b: 2-D arrays of one input dtype, row- or column-major (views are read
@@ -251,10 +363,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     target owning the arrays). config: a KernelConfig or a dict of config
     fields; None selects one. strict: if the kernel cannot run the problem
     (status -2), raise `UnsupportedProblem` instead of falling back to the
-    variant's fallback.
+    variant's fallback. autotune: the first time a problem is seen (no
+    exact tuning-database entry), build and time the top ranked kernels and
+    keep the fastest (`Dispatcher.autotune`); None: `$DISPATCHER_AUTOTUNE`.
     """
     check_arrays([("a", a), ("b", b)], [("c", c), ("out", out)])
-    resolve_launch_options(_variant(dispatcher, variant, "gemm"), options)  # before any build
+    resolved = resolve_launch_options(_variant(dispatcher, variant, "gemm"), options)  # before any build
     target = _resolve_target(target, a, b)
     session = targets.get(target).session(a, b, c, out)
     a_, b_, c_, out_ = session.arrays
@@ -264,16 +378,46 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     host_out = out if isinstance(out, np.ndarray) and out_ is not out else None  # numpy out, device run
     if problem.m == 0 or problem.n == 0:
         return session.finish(result, host_out)
-    if problem.k == 0:
-        if target != "cpu":
-            raise ProblemError("K = 0 is only supported on the cpu target")
-        beta = operands.beta  # an empty product: C = beta * C, never reading C when beta is 0
-        result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
-        return result
     d = dispatcher or default_dispatcher()
-    options = {"stream": session.stream, **(options or {})}
-    d.run_or_fall_back(problem, operands, config, options, strict)
+    if problem.k == 0:
+        _empty_product(d, problem, operands, result, session)
+        return session.finish(result, host_out)
+    if "stream" not in (options or ()):
+        resolved["stream"] = session.stream
+    operands, write_back = targets.get(target).aligned(problem, operands, session)
+    if config is None and _autotuning(autotune):
+        d.autotune_if_new(problem, operands, resolved)
+    d.run_or_fall_back(problem, operands, config, resolved, strict, resolved=True)
+    if write_back is not None:
+        write_back()
     return session.finish(result, host_out)
+
+
+def _autotuning(flag) -> bool:
+    return autotune_default() if flag is None else bool(flag)
+
+
+def _empty_product(d, problem, operands, result, session):
+    """K = 0: C = beta * C, never reading C when beta is 0. On the host in
+    float64 (then stored as the kernels store); elsewhere by the kernel
+    itself on zero-filled K = 16 operands with alpha = 0, so the target's
+    own epilogue scales C."""
+    beta = operands.beta
+    if isinstance(result, np.ndarray):
+        result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
+        return
+    memory = session.memory
+    if not beta:
+        memory.zero(result, result.size * result.itemsize, session.stream)
+        return
+    m, n, depth = problem.m, problem.n, 16
+    zeros_a, zeros_b = session.empty((m, depth), operands.a.dtype), session.empty((depth, n), operands.b.dtype)
+    for x in (zeros_a, zeros_b):
+        memory.zero(x, x.size * x.itemsize, session.stream)
+    zero_problem, zero_operands, _ = prepare_gemm(
+        zeros_a, zeros_b, c=operands.c, out=operands.c, alpha=0.0, beta=beta, out_dtype=problem.out_dtype,
+        variant=problem.variant, target=problem.target, memory=memory)
+    d.run_or_fall_back(zero_problem, zero_operands, None, {"stream": session.stream})
 
 
 def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
@@ -300,7 +444,7 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
 
 
 def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
-               variant="grouped", options=None, dispatcher=None):
+               variant="grouped", autotune=None, options=None, dispatcher=None):
     """The mixture-of-experts form of a grouped GEMM, in `torch._grouped_mm`'s
     argument order: rows [offsets[g-1], offsets[g]) of the stacked `a`
     (total_M, K) times `b[g]` (b is (G, K, N), row- or column-major per
@@ -312,7 +456,8 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="cpu", config
     synchronisation: the kernel derives each group's size and pointers from
     `offsets` on the device, so a call can be captured in a CUDA graph and
     replayed with new offsets. Selection and tuning key on (G, N, K, the
-    token count rounded up to a power of two), not on the routing.
+    token count rounded up to a power of two), not on the routing, and so
+    does `autotune` (as for `gemm`).
     """
     check_arrays([("a", a), ("b", b), ("offsets", offsets)])
     resolve_launch_options(_variant(dispatcher, variant, "grouped"), options)
@@ -326,6 +471,9 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="cpu", config
         if problem.k == 0 or problem.group_count == 0:  # an empty product, or no group owns a row
             session.memory.zero(result, result.size * result.itemsize, session.stream)
         else:
+            d = dispatcher or default_dispatcher()
             options = {"stream": session.stream, **(options or {})}
-            (dispatcher or default_dispatcher()).run(problem, operands, config, options)
+            if config is None and _autotuning(autotune):
+                d.autotune_if_new(problem, operands, options)
+            d.run(problem, operands, config, options)
     return session.finish(result)

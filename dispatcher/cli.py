@@ -301,6 +301,73 @@ def cmd_migrate(args):
     return 0
 
 
+def _problem_record(variant, target, dtype, out_dtype, layout, m=1, n=1, k=1):
+    """The GemmProblem a command describes (no arrays: nothing is allocated)."""
+    from .problem import GemmProblem
+    out = dtypes.output_for(dtype, out_dtype).token
+    return GemmProblem(m, n, k, dtype, out, layout, variant, target)
+
+
+def cmd_explain(args):
+    """The ranked candidates of one problem with their estimates, and why
+    the others were rejected; nothing is built or run (no GPU needed)."""
+    d = Dispatcher()
+    _check_kind(d, args.variant)
+    problem = _problem_record(args.variant, args.target, args.dtype, args.out_dtype, args.layout,
+                              args.m, args.n, args.k)
+    found = d.explain(problem)
+    if args.json:
+        print(json.dumps(dict(
+            problem=attrs.asdict(problem), chosen=found["chosen"] and found["chosen"].name,
+            tuned=found["tuned"] and found["tuned"].name,
+            ranked=[dict(kernel=e.config.name, estimate=e.value, model=e.model) for e in found["ranked"]],
+            rejected=[dict(kernel=str(n), reason=why) for n, why in found["rejected"]]), indent=1))
+        return 0
+    print(f"problem  {problem.variant} {problem.m}x{problem.n}x{problem.k} {problem.dtype}->"
+          f"{problem.out_dtype} {problem.layout} on {problem.target}")
+    print(f"tuned    {found['tuned'].name if found['tuned'] else '(no tuning-database entry)'}")
+    print(f"chosen   {found['chosen'].name if found['chosen'] else '(none: no candidate)'}")
+    print("ranked candidates (best first):")
+    for i, e in enumerate(found["ranked"], 1):
+        print(f"  {i:2}. {e.value:12.4g}  {e.model:38}  {e.config.name}")
+    if found["rejected"]:
+        print("rejected:")
+        for name, why in found["rejected"]:
+            print(f"  {name}: {why}")
+    return 0
+
+
+def _check_kind(d, variant):
+    d.manager.variant(variant)  # PluginError naming the known variants
+
+
+def cmd_prebuild(args):
+    """Every config of the variants' catalogs for the dtypes and layouts
+    asked, built into the cache in parallel, so a machine runs without
+    compiling."""
+    import os
+    from .tile_engine.builder import build_all
+    if args.arch:
+        os.environ["DISPATCHER_CUDA_ARCH"] = args.arch.removeprefix("sm_")
+    d = Dispatcher(tuning=None)
+    variants = args.variant or sorted(n for n, r in d.manager.variants().items() if args.target in r.targets)
+    configs, skipped = {}, 0
+    for variant in variants:
+        _check_kind(d, variant)
+        for dtype in args.dtype:
+            for layout in args.layout:
+                found, rejected = d.default_configs(_problem_record(variant, args.target, dtype, None, layout))
+                configs.update((c.name, c) for c in found)
+                skipped += len(rejected)
+    print(f"prebuild: {len(configs)} kernel(s) for {', '.join(variants)} on {args.target} "
+          f"({skipped} catalog entries do not apply to these dtypes and layouts)", file=sys.stderr)
+    built, failures = build_all(list(configs.values()), workers=args.workers, progress=not args.quiet)
+    for name, error in failures:
+        print(f"  FAILED {name}: {error.splitlines()[0] if error else ''}", file=sys.stderr)
+    print(f"prebuild: {len(built)} built or already cached, {len(failures)} failed")
+    return 1 if failures else 0
+
+
 def cmd_legacy_streamk(argv) -> int:
     from .legacy import driver
     return driver.main(argv)
@@ -392,6 +459,29 @@ def build_parser() -> argparse.ArgumentParser:
     # listed here; main() hands every argument after it to CK's parser (--help too)
     sub.add_parser(LEGACY_STREAMK, add_help=False,
                    help="drop-in for CK's gemm_streamk_benchmark.py (deprecated); see its --help")
+
+    s = sub.add_parser("explain", help="rank the candidate kernels of one problem, running nothing")
+    s.add_argument("--variant", default="regular", help="a single-GEMM variant: regular, stream_k, ...")
+    s.add_argument("--target", default="cpu", type=_target, metavar="{" + ",".join(targets.names()) + "}")
+    s.add_argument("--dtype", default="fp32", choices=dtypes.INPUT_TOKENS, help="input dtype")
+    s.add_argument("--out-dtype", help="output dtype; None: CK's rule")
+    s.add_argument("--layout", default="rcr", choices=CLI_LAYOUTS, help="A, B, C storage")
+    s.add_argument("--m", type=_at_least(1), required=True, help="rows of A and C")
+    s.add_argument("--n", type=_at_least(1), required=True, help="columns of B and C")
+    s.add_argument("--k", type=_at_least(1), required=True, help="columns of A and rows of B")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_explain)
+
+    s = sub.add_parser("prebuild", help="build the variants' kernel catalogs ahead of time, in parallel")
+    s.add_argument("--target", default="cpu", type=_target, metavar="{" + ",".join(targets.names()) + "}")
+    s.add_argument("--arch", choices=("sm_90a",), help="cuda: the architecture to build for "
+                                                       "(default: the GPU's, else sm_90a)")
+    s.add_argument("--variant", action="append", help="a variant (repeatable; default: every one the target has)")
+    s.add_argument("--dtype", nargs="+", default=["bf16"], choices=dtypes.INPUT_TOKENS, help="input dtypes")
+    s.add_argument("--layout", nargs="+", default=["rcr"], choices=CLI_LAYOUTS, help="layouts")
+    s.add_argument("--workers", type=_at_least(0), default=0, help="build processes (0: one per CPU)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_prebuild)
 
     s = sub.add_parser("demo", help="run every variant on the CPU, verified")
     s.set_defaults(fn=cmd_demo)

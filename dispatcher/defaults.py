@@ -2,15 +2,14 @@
 
 They run last (`trylast`), so any variant plugin can answer first:
 `dispatcher_build` compiles with the target's toolchain, and
-`dispatcher_select_library` asks the tuning database, then a deterministic
-occupancy heuristic.
+`dispatcher_select_library` asks the tuning database, then takes the best
+ranked candidate (`dispatcher.selection`: the target's performance model,
+else an occupancy model; deterministic).
 """
 
 from __future__ import annotations
 
-import math
-
-from . import targets
+from . import selection
 from .hookspecs import hookimpl
 
 
@@ -27,20 +26,5 @@ def dispatcher_select_library(problem, candidates, tuning):
             return tuned
     if not candidates:
         return None
-    return min(candidates, key=lambda c: (estimated_cost(problem, c), c.name))
-
-
-def estimated_cost(problem, config) -> float:
-    """Relative time of `config` on `problem`: the waves of block tiles over
-    the target's parallel workers, each costing its padded area plus the
-    overhead of loading its A and B blocks, which makes small tiles slow. A
-    B block a worker reuses for several tiles in a row (the target's
-    `panel_reuse`) costs its share once."""
-    target = targets.get(config.target)
-    workers = target.parallelism(config)
-    tiles = problem.tile_count(config.tile_m, config.tile_n)
-    waves = math.ceil(tiles / workers)
-    reuse = target.panel_reuse(problem, config, workers)
-    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_n
-                                                + 24.0 / (config.tile_m * reuse))
-    return waves * per_tile
+    from .plugins import get_manager
+    return selection.rank(problem, candidates, get_manager())[0].config

@@ -42,7 +42,11 @@ class PluginManager:
         self._infos: dict[str, PluginInfo] = {
             "dispatcher.defaults": PluginInfo("dispatcher.defaults", _version("gemm-dispatcher"),
                                               "core", "loaded")}
-        if os.environ.get("DISPATCHER_TRACE_PLUGINS", "") not in ("", "0"):
+        # Bumped whenever the registered plugins change: a Dispatcher's bound
+        # launches and selections are valid for one generation.
+        self.generation = 0
+        self.tracing = os.environ.get("DISPATCHER_TRACE_PLUGINS", "") not in ("", "0")
+        if self.tracing:
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()
         self._load(entry_points)
@@ -81,6 +85,31 @@ class PluginManager:
         self.pm.register(plugin, name=name)
         self._infos[name] = PluginInfo(name, "-", "in-process", "loaded")
         self._variants = self._collect_variants()
+        self.generation += 1
+
+    def unregister(self, name: str):
+        """Unregister the plugin registered as `name`."""
+        self.pm.unregister(name=name)
+        self._infos.pop(name, None)
+        self._variants = self._collect_variants()
+        self.generation += 1
+
+    def launcher(self, variant: str, library, problem, operands, options):
+        """(the LaunchResult, the hook implementation that gave it, or None
+        when launches must keep going through the hook chain): the chain of
+        `dispatcher_launch` run by hand, as pluggy runs a firstresult hook,
+        so the implementation that answers for `variant` is known and can be
+        called directly next time. A wrapper (which must see every launch)
+        or tracing keeps the chain."""
+        caller = self.pm.hook.dispatcher_launch
+        impls = caller.get_hookimpls()
+        if self.tracing or any(i.hookwrapper or i.wrapper for i in impls):
+            return caller(library=library, problem=problem, operands=operands, options=options), None
+        for impl in reversed(impls):  # pluggy calls the last registered first
+            result = impl.function(library=library, problem=problem, operands=operands, options=options)
+            if result is not None:
+                return result, impl.function
+        return None, None
 
     def _collect_variants(self) -> dict:
         providers: dict[str, list] = {}

@@ -124,8 +124,10 @@ class VariantRecord:
     check: KernelConfig -> None if the variant can build it, else the reason.
     partial_sums: KernelConfig -> how many partial sums one output element
         may be combined from (stream-K, split-K); scales the tolerance.
-    fallback: the variant `dispatcher.gemm` retries with when a kernel of
-        this one returns status -2 (unless the caller is strict).
+    fallback: the variant `dispatcher.gemm` retries with when every ranked
+        kernel of this one returns status -2 (unless the caller is strict).
+    k_splits: KernelConfig -> how many K slices one output tile is summed
+        from (split-K); what the performance model is told.
     """
 
     name: str
@@ -140,5 +142,6 @@ class VariantRecord:
     check: Callable[[Any], Optional[str]] = lambda config: None
     fallback: Optional[str] = None
     partial_sums: Callable[[Any], int] = lambda config: 1
+    k_splits: Callable[[Any], int] = lambda config: 1
     description: str = ""
     provider: str = ""

@@ -102,6 +102,20 @@ class TuningDatabase:
                 return config
         return None
 
+    def has(self, problem) -> bool:
+        """Whether `problem` itself (not a nearest neighbour) has an entry."""
+        if not self.path.exists():
+            return False
+        key, _ = problem_key(problem)
+        try:
+            with self._connect() as con:
+                row = con.execute("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "
+                                  "dtype=? AND out_dtype=? AND layout=? AND problem=?",
+                                  (*self._scope(problem), key)).fetchone()
+        except sqlite3.DatabaseError as e:
+            raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
+        return row is not None
+
     def entries(self) -> list:
         if not self.path.exists():
             return []

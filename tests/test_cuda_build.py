@@ -38,7 +38,8 @@ def built():
 def test_each_variant_compiles_and_exports_its_abi(built):
     expected = {"regular": {"dispatcher_run_gemm", "dispatcher_registry"},
                 "stream_k": {"dispatcher_run_gemm", "dispatcher_workspace_size"},
-                "grouped": {"dispatcher_run_grouped_gemm", "dispatcher_grouped_workspace_size"}}
+                "grouped": {"dispatcher_run_grouped_gemm", "dispatcher_grouped_workspace_size",
+                            "dispatcher_run_grouped_mm", "dispatcher_grouped_mm_workspace_size"}}
     for config, lib in built:
         symbols = _exported_symbols(lib.path)
         assert expected[config.variant] <= symbols, (config.name, symbols)

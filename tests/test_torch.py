@@ -169,14 +169,24 @@ def test_bad_input_raises_dispatcher_errors():
         dt.gemm(a, a.t(), config=42)
 
 
-def test_variant_reaches_the_backward_gemms(monkeypatch):
+def test_variant_and_autotune_reach_the_backward_gemms(monkeypatch):
+    """Both travel with the op into its backward; autotune itself is
+    dispatcher.gemm's (here switched off after the record, to build nothing more)."""
     a, b = _leaves(matrix(12, 16, "fp32", "r", 1), matrix(16, 8, "fp32", "r", 2))
     seen, gemm = [], dispatcher.gemm
-    monkeypatch.setattr(dispatcher, "gemm", lambda *x, **kw: seen.append(kw["variant"]) or gemm(*x, **kw))
-    out = dt.gemm(a, b, variant="stream_k")
+
+    def spy(*x, **kw):
+        seen.append((kw["variant"], kw["autotune"]))
+        return gemm(*x, **{**kw, "autotune": False})
+
+    monkeypatch.setattr(dispatcher, "gemm", spy)
+    out = dt.gemm(a, b, variant="stream_k", autotune=True)
     out.backward(matrix(12, 8, "fp32", "r", 3))
-    assert seen == ["stream_k"] * 3
+    assert seen == [("stream_k", True)] * 3
     assert torch.allclose(out, a.detach() @ b.detach(), rtol=1e-5, atol=1e-5)
+    seen.clear()
+    dt.Linear(16, 4, autotune=False)(a)
+    assert seen == [("regular", False)]
 
 
 def test_config_passes_through(monkeypatch):

@@ -160,6 +160,22 @@ class CpuTarget:
         runs = problem.tile_count(config.tile_m, config.tile_n) // workers
         return max(1, min(runs, problem.tile_count(config.tile_m, 1 << 62)))
 
+    model_name = "none"
+
+    def measure(self, fn, options, stream: int = 0) -> list:
+        """Wall-clock seconds of repeated calls of fn(i) (`timing.measure`)."""
+        from ..timing import measure
+        return measure(fn, options)
+
+    def model_estimate(self, problem, config, splits: int):
+        """None: the CPU target has no performance model of its own; the
+        core's occupancy model (with `panel_reuse`) ranks its configs."""
+        return None
+
+    def aligned(self, problem, operands, session):
+        """`operands` as they are: CPU kernels load any alignment."""
+        return operands, None
+
     def parallelism(self, config) -> int:
         """Workers a kernel of `config` runs on here."""
         return config.target_params["threads"] or cpu_count()

@@ -23,7 +23,7 @@ import attrs
 from .. import dtypes
 from ..errors import ToolchainError
 from ..records import Option
-from . import register
+from . import cuda_model, register
 from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
 SUPPORTED_ARCHS = ("90a",)
@@ -138,9 +138,14 @@ class CudaTarget:
         return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}{swizzle}"
 
     def default_tile_k(self, dtype: str) -> int:
-        """The tile_k whose A row spans 128 bytes (64 bf16, 128 fp8): what the
-        variants' default configs use."""
-        return 128 // dtypes.get(dtype).itemsize
+        """The tile_k of the variants' catalogs: what NVIDIA's model's CUTLASS 3
+        space uses on Hopper (128 for bf16 and fp8, 64 for fp16)."""
+        return 64 if dtype == "fp16" else 128
+
+    def catalog(self, entries, dtype: str) -> list:
+        """A variant's catalog entries (dicts of tile_m, tile_n, cluster,
+        schedule, ...) completed with the dtype's tile_k."""
+        return [dict(e, tile_k=self.default_tile_k(dtype)) for e in entries]
 
     def check(self, config) -> str | None:
         o = config.target_params
@@ -159,8 +164,8 @@ class CudaTarget:
             return "tile_n must be 64, 128, 192 or 256"
         if config.tile_k * dtypes.get(config.dtype_a).itemsize not in (64, 128, 256):
             return "tile_k must span 64, 128 or 256 bytes of A (e.g. 64 for bf16, 128 for fp8)"
-        if o["cluster_m"] * o["cluster_n"] > 4:
-            return "clusters of more than 4 CTAs are not portable"
+        if o["cluster_m"] * o["cluster_n"] > 8:
+            return "clusters of more than 8 CTAs are not portable"
         return None
 
     def prelude(self, config) -> str:
@@ -198,6 +203,46 @@ class CudaTarget:
     def panel_reuse(self, problem, config, workers: int) -> int:
         """1: every CTA loads the A and B blocks of its own tile."""
         return 1
+
+    def measure(self, fn, options, stream: int = 0) -> list:
+        """GPU seconds of repeated calls of fn(i) from CUDA events on `stream`
+        (`timing.measure_cuda`)."""
+        from ..timing import measure_cuda
+        from .cuda_memory import _cupy
+        return measure_cuda(fn, options, _cupy().cuda.ExternalStream(stream) if stream else None)
+
+    @property
+    def model_name(self) -> str:
+        return cuda_model.NAME
+
+    def model_estimate(self, problem, config, splits: int):
+        """Microseconds NVIDIA's model expects for `config` on `problem` (the
+        sum over its GEMMs), or None where the model does not know the config."""
+        o = config.target_params
+        total = 0.0
+        for m, n, k in problem.shapes:
+            if not (m and n and k):
+                continue
+            found = cuda_model.estimate_us(m, n, k, config.layout, config.dtype_a, config.dtype_c,
+                                           (config.tile_m, config.tile_n, config.tile_k),
+                                           (o["cluster_m"], o["cluster_n"]), splits, o["swizzle"])
+            if found is None:
+                return None
+            total += found
+        return total
+
+    def aligned(self, problem, operands, session):
+        """(operands whose pointers and leading dimensions TMA can read, a
+        function that writes the result back, or None). TMA needs 16-byte
+        aligned addresses and row pitches, which odd leading dimensions
+        break; CUTLASS's cp.async mainloops need at least 4 bytes, which odd
+        bf16 dimensions break too. So an operand that is not aligned is
+        copied once into a buffer whose row pitch is rounded up to 16
+        bytes, and an unaligned C is computed in such a buffer and copied
+        back: every problem runs on the TMA kernels, for two extra passes
+        over the unaligned operands."""
+        from . import cuda_memory
+        return cuda_memory.aligned_operands(problem, operands, session)
 
     def parallelism(self, config) -> int:
         """Multiprocessors of the GPU (132 on an H200 when none is visible)."""

@@ -155,12 +155,14 @@ class DeviceMemory:
         (a0, a1), (b0, b1) = x.extent(), y.extent()
         return a0 < b1 and b0 < a1
 
-    def copy(self, dst, src):
+    def copy(self, dst, src, stream: int = 0):
+        """dst[...] = src on `stream` (the default stream when 0)."""
         cp = _cupy()
         memptr = lambda v: cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(v.ptr, v.extent()[1] - v.ptr, v.owner), 0)
         d = cp.ndarray(dst.shape, _raw(dst.dtype), memptr(dst), strides=dst.strides)
         s = cp.ndarray(src.shape, _raw(src.dtype), memptr(src), strides=src.strides)
-        d[...] = s
+        with cp.cuda.ExternalStream(stream):
+            d[...] = s
 
     def writable(self, x) -> bool:
         return True
@@ -187,6 +189,45 @@ class DeviceMemory:
 
 
 DEVICE = DeviceMemory()
+
+ALIGN_BYTES = 16  # what TMA needs of addresses and row pitches
+
+
+def _is_aligned(x: DeviceArray, ld: int) -> bool:
+    return x.ptr % ALIGN_BYTES == 0 and (ld * x.itemsize) % ALIGN_BYTES == 0
+
+
+def _aligned_copy(x: DeviceArray, row_major: bool, stream: int, copy_data: bool = True) -> tuple:
+    """(a copy of the matrix x, in the layout the kernel reads it in, whose
+    leading dimension is rounded up to 16 bytes; that leading dimension)."""
+    rows, cols = x.shape if row_major else x.shape[::-1]
+    step = ALIGN_BYTES // x.itemsize
+    pitch = -(-max(cols, 1) // step) * step
+    buf = DEVICE.empty((rows, pitch), x.dtype)
+    inner = DeviceArray((rows, cols), (pitch * x.itemsize, x.itemsize), x.dtype, buf.ptr, buf.owner)
+    view = inner if row_major else inner.T
+    if copy_data:
+        DEVICE.copy(view, x, stream)
+    return view, pitch
+
+
+def aligned_operands(problem, operands, session):
+    """See `CudaTarget.aligned`."""
+    import attrs
+    a, b, c = operands.a, operands.b, operands.c
+    if _is_aligned(a, operands.lda) and _is_aligned(b, operands.ldb) and _is_aligned(c, operands.ldc):
+        return operands, None
+    stream = session.stream
+    changes = {}
+    if not _is_aligned(a, operands.lda):
+        changes["a"], changes["lda"] = _aligned_copy(a, problem.layout[0] == "r", stream)
+    if not _is_aligned(b, operands.ldb):
+        changes["b"], changes["ldb"] = _aligned_copy(b, problem.layout[1] == "r", stream)
+    restore = None
+    if not _is_aligned(c, operands.ldc):
+        changes["c"], changes["ldc"] = _aligned_copy(c, True, stream, copy_data=operands.beta != 0)
+        restore = lambda: DEVICE.copy(c, changes["c"], stream)
+    return attrs.evolve(operands, **changes), restore
 
 
 class DeviceSession:

@@ -83,7 +83,7 @@ class Bench:
 
     def measure(self, config, library, idx):
         from ..errors import UnsupportedProblem
-        from ..timing import measure, measure_cuda, median
+        from ..timing import median
         from ..verify import max_rel, tolerance
         problem, ops, outs, _, session = self.operands(idx)
         options = {"stream": session.stream}
@@ -106,9 +106,9 @@ class Bench:
             row.update(max_rel=err, verified=err <= tol)
             if err > tol:
                 return {**row, "status": "failed", "reason": f"wrong result: max_rel {err:.3g} > tolerance {tol:.3g}"}
-        timer = measure if self.target.name == "cpu" else measure_cuda
         rotation = [ops] + [self.operands(idx, c)[1] for c in range(1, self.timing.rotating)]
-        seconds = median(timer(lambda i: self.d.launch(library, problem, rotation[i], options), self.timing))
+        seconds = median(self.target.measure(lambda i: self.d.launch(library, problem, rotation[i], options),
+                                             self.timing, session.stream))
         return {**row, "status": "ok", "reason": "", "latency_ms": seconds * 1e3,
                 "tflops": problem.flops / seconds / 1e12}
 

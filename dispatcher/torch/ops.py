@@ -73,7 +73,7 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor):
 @torch.library.custom_op("gemm_dispatcher::gemm", mutates_args=())
 def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
           beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
-          config: Optional[str] = None) -> torch.Tensor:
+          config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
     _check_shapes(a, b)
     check_readable("a", a)
@@ -82,20 +82,22 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
     out = a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
     dispatcher.gemm(for_target(a, target), for_target(b, target), c=for_target(c, target),
                     alpha=alpha, beta=beta, out=for_target(out, target), variant=variant,
-                    target=target, config=_config(config))
+                    target=target, config=_config(config), autotune=autotune)
     return out
 
 
 @_gemm.register_fake
-def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None):
+def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
+               autotune=None):
     _check_shapes(a, b)
     return a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
 
 
 def _gemm_setup(ctx, inputs, output):
-    a, b, c, alpha, beta, _, variant, _ = inputs
+    a, b, c, alpha, beta, _, variant, _, autotune = inputs
     ctx.save_for_backward(a, b)
-    ctx.alpha, ctx.beta, ctx.variant = alpha, beta, variant
+    ctx.alpha, ctx.beta = alpha, beta
+    ctx.selection = dict(variant=variant, autotune=autotune)
     ctx.c_dtype = None if c is None else c.dtype
 
 
@@ -106,12 +108,12 @@ def _gemm_backward(ctx, grad):
     if need_a or need_b:
         dc = _operand(grad, a.dtype)
         if need_a:
-            grad_a = _product_like(a, dc, b.t(), ctx.alpha, ctx.variant)
+            grad_a = _product_like(a, dc, b.t(), ctx.alpha, ctx.selection)
         if need_b:
-            grad_b = _product_like(b, a.t(), dc, ctx.alpha, ctx.variant)
+            grad_b = _product_like(b, a.t(), dc, ctx.alpha, ctx.selection)
     if need_c:
         grad_c = (grad * ctx.beta).to(ctx.c_dtype)
-    return grad_a, grad_b, grad_c, None, None, None, None, None
+    return grad_a, grad_b, grad_c, None, None, None, None, None, None
 
 
 _gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
@@ -126,15 +128,17 @@ def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float,
-                  variant: str) -> torch.Tensor:
+                  selection: dict) -> torch.Tensor:
     """alpha * x @ y laid out as `like`: for a column-major `like`, the
-    row-major product y^T @ x^T viewed transposed (no copy either way)."""
+    row-major product y^T @ x^T viewed transposed (no copy either way).
+    selection: the forward's variant and autotune."""
     if column_major(like):
-        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype, variant=variant).t()
-    return gemm(x, y, alpha=alpha, out_dtype=like.dtype, variant=variant)
+        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype, **selection).t()
+    return gemm(x, y, alpha=alpha, out_dtype=like.dtype, **selection)
 
 
-def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None):
+def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
+         autotune=None):
     """`torch.ops.gemm_dispatcher.gemm`: alpha * a @ b + beta * c on the
     dispatcher's kernels, differentiable and traceable by torch.compile.
 
@@ -145,8 +149,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     config: a KernelConfig, a dict of config fields, or None to select one
     (the tuning database first); it applies to this product, not to its
     backward GEMMs, which are selected for their own shapes and layouts.
+    autotune: as for dispatcher.gemm (None: $DISPATCHER_AUTOTUNE), for the
+    backward GEMMs too; each problem is tuned once, on its first call, so
+    make that call before capturing a CUDA graph.
     """
-    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config))
+    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config),
+                                          autotune)
 
 
 # ------------------------------------------------------------ grouped_mm
@@ -162,7 +170,7 @@ def _check_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
 @torch.library.custom_op("gemm_dispatcher::grouped_mm", mutates_args=())
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                 out_dtype: Optional[torch.dtype] = None, alpha: float = 1.0,
-                config: Optional[str] = None) -> torch.Tensor:
+                config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """Rows [offsets[g-1], offsets[g]) of a times b[g], through dispatcher.grouped_mm."""
     _check_grouped(a, b, offsets)
     check_readable("a", a)
@@ -171,12 +179,12 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
     result = dispatcher.grouped_mm(for_target(a, target), for_target(b, target),
                                    for_target(offsets, target),
                                    out_dtype=None if out_dtype is None else token(out_dtype),
-                                   alpha=alpha, target=target, config=_config(config))
+                                   alpha=alpha, target=target, config=_config(config), autotune=autotune)
     return from_target(result)
 
 
 @_grouped_mm.register_fake
-def _grouped_mm_fake(a, b, offsets, out_dtype=None, alpha=1.0, config=None):
+def _grouped_mm_fake(a, b, offsets, out_dtype=None, alpha=1.0, config=None, autotune=None):
     _check_grouped(a, b, offsets)
     return a.new_empty((a.shape[0], b.shape[2]), dtype=output_dtype(a, out_dtype))
 
@@ -210,9 +218,9 @@ def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
 
 
 def _grouped_mm_setup(ctx, inputs, output):
-    a, b, offsets, _, alpha, _ = inputs
+    a, b, offsets, _, alpha, _, autotune = inputs
     ctx.save_for_backward(a, b, offsets)
-    ctx.alpha = alpha
+    ctx.alpha, ctx.autotune = alpha, autotune
 
 
 def _grouped_mm_backward(ctx, grad):
@@ -221,25 +229,28 @@ def _grouped_mm_backward(ctx, grad):
     grad_a = grad_b = None
     dc = _operand(grad, a.dtype)
     if need_a:
-        grad_a = grouped_mm(dc, b.transpose(1, 2), offsets, out_dtype=a.dtype, alpha=ctx.alpha)
+        grad_a = grouped_mm(dc, b.transpose(1, 2), offsets, out_dtype=a.dtype, alpha=ctx.alpha,
+                            autotune=ctx.autotune)
     if need_b:
         transposed = b.shape[0] > 0 and column_major(b[0])
         grad_b = torch.ops.gemm_dispatcher.grouped_mm_grad_b(a, dc, offsets, ctx.alpha, transposed)
         if transposed:
             grad_b = grad_b.transpose(1, 2)
-    return grad_a, grad_b, None, None, None, None
+    return grad_a, grad_b, None, None, None, None, None
 
 
 _grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
-def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None):
+def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotune=None):
     """`torch.ops.gemm_dispatcher.grouped_mm`: dispatcher.grouped_mm as a
     differentiable, traceable op, in `torch._grouped_mm`'s argument order.
 
     a (total_M, K), b (G, K, N) (each b[g] row- or column-major: a
     `w.transpose(1, 2)` view is read in place), offsets (G,) int32
     cumulative row ends on a's device; returns (total_M, N), rows past
-    offsets[-1] zero. config: as for `gemm`.
+    offsets[-1] zero. config, autotune: as for `gemm` (dB, a list-form
+    grouped GEMM, is not autotuned).
     """
-    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype, alpha, config_key(config))
+    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype, alpha, config_key(config),
+                                                autotune)

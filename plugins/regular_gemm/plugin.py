@@ -32,17 +32,29 @@ CPU_DEFAULTS = (
 )
 
 
-# CUTLASS SM90 tiles: the large cooperative tile for throughput, a smaller
-# one for problems with few tiles (tile_k spans 128 bytes of A).
-CUDA_DEFAULTS = (
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
-    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="cooperative"),
+# The sm_90a catalog: the CTA tiles and clusters NVIDIA's model proposes
+# most often for bf16/fp16 on an H200 (large cooperative tiles for
+# throughput, 2x4 clusters for mid-size squares, ping-pong 64-row tiles for
+# skinny M), plus swizzled large tiles. Selection ranks it with that model.
+def _coop(m, n, cm, cn, **extra):
+    return dict(tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, schedule="cooperative", **extra)
+
+
+def _pingpong(m, n, cm, cn):
+    return dict(tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, schedule="pingpong")
+
+
+CUDA_CATALOG = (
+    _coop(128, 256, 2, 1), _coop(256, 128, 1, 2), _coop(128, 128, 2, 1), _coop(128, 128, 1, 2),
+    _coop(128, 128, 2, 4), _coop(256, 128, 2, 4), _coop(128, 256, 2, 1, swizzle=4),
+    _coop(256, 128, 1, 2, swizzle=4), _pingpong(64, 128, 1, 4), _pingpong(64, 128, 2, 1),
+    _pingpong(64, 256, 1, 2), _pingpong(64, 128, 2, 4),
 )
 
 
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
+        return targets.get(target).catalog(CUDA_CATALOG, dtype)
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 

@@ -46,9 +46,19 @@ CPU_DEFAULTS = (
 )
 
 
-CUDA_DEFAULTS = (
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative", reduction="linear"),
-    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="cooperative", reduction="linear"),
+# The sm_90a catalog: stream-K's own decomposition on the tiles NVIDIA's
+# model favours, and split-K with the split counts it proposes for few-tile,
+# long-K problems (cooperative only: CUTLASS's StreamKScheduler).
+def _coop(m, n, cm, cn, **variant):
+    return dict(tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, schedule="cooperative",
+                reduction="linear", **variant)
+
+
+CUDA_CATALOG = (
+    _coop(128, 256, 2, 1), _coop(128, 128, 1, 2), _coop(128, 128, 2, 1),
+    _coop(128, 128, 1, 2, decomposition="split_k", splits=3),
+    _coop(128, 128, 1, 2, decomposition="split_k", splits=8),
+    _coop(256, 128, 1, 2, decomposition="split_k", splits=4),
 )
 
 
@@ -74,7 +84,7 @@ def check(config):
 
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
+        return targets.get(target).catalog(CUDA_CATALOG, dtype)
     if target != "cpu":
         return []
     # Atomic where the default output takes it (it wins the tie on cost by
@@ -102,6 +112,8 @@ RECORD = VariantRecord(
     check=check,
     fallback="regular",
     partial_sums=lambda config: targets.get(config.target).parallelism(config),
+    k_splits=lambda config: (config.variant_params["splits"]
+                             if config.variant_params["decomposition"] == "split_k" else 1),
     description="stream-K: K-iterations split evenly over persistent workers, partial tiles fixed up",
 )
 

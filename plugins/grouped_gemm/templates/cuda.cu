@@ -1,10 +1,16 @@
 // gemm-dispatcher grouped GEMM, CUDA target: a CUTLASS 3.x SM90 pointer-array
 // grouped GEMM (GroupProblemShape). Generated file.
 //
-// The ABI hands over per-group sizes, device pointers and leading dimensions
-// in host arrays; run() lays them out as CUTLASS wants them (problem shapes,
-// pointer arrays, strides) and stages them into the front of the
-// plugin-owned device workspace with one copy, then launches once.
+// Two entry points lay the groups out as CUTLASS wants them (problem shapes,
+// pointer arrays, strides) at the front of the plugin-owned device workspace:
+//   run_list    - the list form: sizes, pointers and leading dimensions come
+//                 in host arrays and are staged with one copy;
+//   run_stacked - the stacked (mixture-of-experts) form: a one-block kernel
+//                 derives them on the device from the int32 row offsets, so
+//                 the host never reads a group size (no synchronisation; the
+//                 call can be captured in a CUDA graph and replayed with new
+//                 offsets). CUTLASS then gets no host problem shapes and runs
+//                 its persistent grid over whatever the device shapes hold.
 ${prelude}
 #include <vector>
 
@@ -21,17 +27,19 @@ using StrideC = typename GemmKernel::InternalStrideC;
 using StrideD = typename GemmKernel::InternalStrideD;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 
-constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+__host__ __device__ constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 // Byte offsets of the staged arrays for g groups, and their total, rounded
 // up so that CUTLASS's own workspace after them (which holds TMA
-// descriptors) stays 256-byte aligned.
+// descriptors) stays 256-byte aligned. `first_free_row` (stacked form): the
+// first row of C no group owns, written by the preparing kernel.
 struct Staging {
-    size_t shapes, a, b, c, sa, sb, sc, sd, bytes;
-    explicit Staging(size_t g) {
+    size_t first_free_row, shapes, a, b, c, sa, sb, sc, sd, bytes;
+    __host__ __device__ explicit Staging(size_t g) {
         size_t at = 0;
         auto take = [&](size_t n) { size_t here = at; at += align16(n); return here; };
+        first_free_row = take(sizeof(int64_t));
         shapes = take(g * sizeof(Shape3));
         a = take(g * sizeof(void*));
         b = take(g * sizeof(void*));
@@ -57,13 +65,15 @@ std::vector<int64_t> active_groups(const dispatcher_grouped_args* a) {
     return active;
 }
 
-typename Gemm::Arguments arguments_of(const dispatcher_grouped_args* a, const std::vector<Shape3>& shapes,
+// `host_shapes`: the groups' shapes on the host (list form), or null when
+// only the device knows them (stacked form).
+typename Gemm::Arguments arguments_of(double alpha, double beta, int groups, const Shape3* host_shapes,
                                       char* staged) {
-    const Staging s(shapes.size());
+    const Staging s(groups);
     typename Gemm::Arguments arguments;
     decltype(arguments.epilogue.thread) fusion;
-    fusion.alpha = float(a->alpha);
-    fusion.beta = float(a->beta);
+    fusion.alpha = float(alpha);
+    fusion.beta = float(beta);
     fusion.alpha_ptr = nullptr;
     fusion.beta_ptr = nullptr;
     fusion.alpha_ptr_array = nullptr;
@@ -72,7 +82,7 @@ typename Gemm::Arguments arguments_of(const dispatcher_grouped_args* a, const st
     fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
     arguments = typename Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
-        {int(shapes.size()), reinterpret_cast<Shape3*>(staged + s.shapes), shapes.data()},
+        {groups, reinterpret_cast<Shape3*>(staged + s.shapes), host_shapes},
         {reinterpret_cast<const T::ElementA**>(staged + s.a), reinterpret_cast<StrideA*>(staged + s.sa),
          reinterpret_cast<const T::ElementB**>(staged + s.b), reinterpret_cast<StrideB*>(staged + s.sb)},
         {fusion, reinterpret_cast<const T::ElementC**>(staged + s.c), reinterpret_cast<StrideC*>(staged + s.sc),
@@ -91,11 +101,11 @@ std::vector<Shape3> shapes_of(const dispatcher_grouped_args* a, const std::vecto
 int64_t workspace_bytes(const dispatcher_grouped_args* a) {
     const auto active = active_groups(a);
     const auto shapes = shapes_of(a, active);
-    auto arguments = arguments_of(a, shapes, nullptr);
+    auto arguments = arguments_of(a->alpha, a->beta, int(shapes.size()), shapes.data(), nullptr);
     return int64_t(Staging(active.size()).bytes + Gemm::get_workspace_size(arguments));
 }
 
-int run(const dispatcher_grouped_args* a) {
+int run_list(const dispatcher_grouped_args* a) {
     return dcuda::guarded([&] {
         const auto active = active_groups(a);
         auto stream = static_cast<cudaStream_t>(a->stream);
@@ -129,7 +139,117 @@ int run(const dispatcher_grouped_args* a) {
         char* staged = static_cast<char*>(a->workspace);
         dcuda::check_cuda(cudaMemcpyAsync(staged, host.data(), s.bytes, cudaMemcpyHostToDevice, stream),
                           "staging grouped arguments");
-        auto arguments = arguments_of(a, shapes, staged);
+        auto arguments = arguments_of(a->alpha, a->beta, int(shapes.size()), shapes.data(), staged);
+        return dcuda::run_gemm<Gemm>(arguments, staged + s.bytes, a->workspace_bytes - int64_t(s.bytes), stream);
+    });
+}
+// ------------------------------------------------------------ stacked form
+// What the preparing kernel needs, by value (strides are the same for every group).
+struct Stacked {
+    const int32_t* offsets;
+    int groups;
+    int64_t total_m;
+    int n, k;
+    const T::ElementA* a;
+    int64_t a_row;  // elements from one row of A to the next
+    const T::ElementB* b;
+    int64_t stride_b;
+    T::ElementC* c;
+    int64_t ldc;
+    StrideA sa;
+    StrideB sb;
+    StrideC sc;
+    StrideD sd;
+};
+
+// One block: checks every offset (non-decreasing, within total_m), then
+// writes each group's shape, pointers and strides into the staging area. Any
+// bad offset gives every group M = 0 and no free rows: nothing is written.
+__global__ void prepare_stacked(Stacked call, char* staged) {
+    const Staging s(call.groups);
+    int bad = 0;
+    for (int g = threadIdx.x; g < call.groups; g += blockDim.x) {
+        const int64_t start = g ? call.offsets[g - 1] : 0, end = call.offsets[g];
+        bad |= end < start || end > call.total_m;
+    }
+    bad = __syncthreads_or(bad);
+    for (int g = threadIdx.x; g < call.groups; g += blockDim.x) {
+        const int64_t start = g ? call.offsets[g - 1] : 0, end = call.offsets[g];
+        reinterpret_cast<Shape3*>(staged + s.shapes)[g] = Shape3{bad ? 0 : int(end - start), call.n, call.k};
+        const int64_t row = bad ? 0 : start;
+        reinterpret_cast<const T::ElementA**>(staged + s.a)[g] = call.a + row * call.a_row;
+        reinterpret_cast<const T::ElementB**>(staged + s.b)[g] = call.b + g * call.stride_b;
+        reinterpret_cast<T::ElementC**>(staged + s.c)[g] = call.c + row * call.ldc;
+        reinterpret_cast<StrideA*>(staged + s.sa)[g] = call.sa;
+        reinterpret_cast<StrideB*>(staged + s.sb)[g] = call.sb;
+        reinterpret_cast<StrideC*>(staged + s.sc)[g] = call.sc;
+        reinterpret_cast<StrideD*>(staged + s.sd)[g] = call.sd;
+    }
+    if (threadIdx.x == 0)
+        *reinterpret_cast<int64_t*>(staged + s.first_free_row) =
+            bad ? call.total_m : (call.groups ? call.offsets[call.groups - 1] : 0);
+}
+
+// Zeroes the rows of C that no group owns (from the first free row on).
+__global__ void zero_free_rows(const int64_t* first_free_row, int64_t total_m, int n, T::ElementC* c, int64_t ldc) {
+    const int64_t first = *first_free_row, count = (total_m - first) * n;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+        c[(first + i / n) * ldc + i % n] = T::ElementC(0);
+}
+
+void check_stacked(const dispatcher_grouped_mm_args* a) {
+    if (!a || a->group_count < 0 || a->total_m < 0 || a->n < 0 || a->k < 0)
+        throw dcuda::Failure(DISPATCHER_ERROR, "bad grouped_mm argument struct");
+    if (a->group_count > INT32_MAX || a->total_m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX)
+        throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "grouped_mm sizes must fit in 32 bits");
+    if (!a->offsets || !a->a || !a->b || !a->c) throw dcuda::Failure(DISPATCHER_ERROR, "null operand pointer");
+    // TMA reads each group's A rows, B matrix and C rows at 16-byte aligned
+    // addresses: row-major A rows, B batches and C rows must be 16 bytes apart.
+    constexpr int kAlign = 16;
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
+    if (!T::kARow)
+        throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "the stacked form needs a row-major A on cuda "
+                                                     "(a group's rows must start 16-byte aligned)");
+    if (!aligned(a->a) || !aligned(a->b) || !aligned(a->c) ||
+        a->lda * sizeof(T::ElementA) % kAlign || a->ldb * sizeof(T::ElementB) % kAlign ||
+        a->stride_b * sizeof(T::ElementB) % kAlign || a->ldc * sizeof(T::ElementC) % kAlign)
+        throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "TMA needs 16-byte aligned pointers, leading "
+                                                     "dimensions and group strides");
+}
+
+typename Gemm::Arguments stacked_arguments(const dispatcher_grouped_mm_args* a, char* staged) {
+    return arguments_of(a->alpha, 0.0, int(a->group_count), nullptr, staged);
+}
+
+int64_t stacked_workspace_bytes(const dispatcher_grouped_mm_args* a) {
+    check_stacked(a);
+    auto arguments = stacked_arguments(a, nullptr);
+    return int64_t(Staging(a->group_count).bytes + Gemm::get_workspace_size(arguments));
+}
+
+int run_stacked(const dispatcher_grouped_mm_args* a) {
+    return dcuda::guarded([&] {
+        check_stacked(a);
+        if (!a->total_m || !a->n) return DISPATCHER_OK;
+        const Staging s(a->group_count);
+        if (!a->workspace || a->workspace_bytes < int64_t(s.bytes))
+            throw dcuda::Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_grouped_mm_workspace_size()");
+        auto stream = static_cast<cudaStream_t>(a->stream);
+        char* staged = static_cast<char*>(a->workspace);
+        Stacked call{static_cast<const int32_t*>(a->offsets), int(a->group_count), a->total_m, int(a->n), int(a->k),
+                     static_cast<const T::ElementA*>(a->a), a->lda, static_cast<const T::ElementB*>(a->b),
+                     a->stride_b, static_cast<T::ElementC*>(a->c), a->ldc,
+                     dcuda::stride_with_ld<StrideA>(a->lda), dcuda::stride_with_ld<StrideB>(a->ldb),
+                     dcuda::stride_with_ld<StrideC>(a->ldc), dcuda::stride_with_ld<StrideD>(a->ldc)};
+        prepare_stacked<<<1, 1024, 0, stream>>>(call, staged);
+        dcuda::check_cuda(cudaGetLastError(), "preparing the stacked groups");
+        const int64_t elements = a->total_m * a->n;
+        const int blocks = int(std::min<int64_t>((elements + 255) / 256, 4 * dcuda::multiprocessor_count(dcuda::current_device())));
+        zero_free_rows<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int64_t*>(staged + s.first_free_row),
+                                                   a->total_m, int(a->n), call.c, a->ldc);
+        dcuda::check_cuda(cudaGetLastError(), "zeroing the rows no group owns");
+        if (!a->group_count || !a->k) return DISPATCHER_OK;
+        auto arguments = stacked_arguments(a, staged);
         return dcuda::run_gemm<Gemm>(arguments, staged + s.bytes, a->workspace_bytes - int64_t(s.bytes), stream);
     });
 }
@@ -138,7 +258,15 @@ int run(const dispatcher_grouped_args* a) {
 DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
 
 extern "C" DISPATCHER_EXPORT int dispatcher_run_grouped_gemm(const dispatcher_grouped_args* args) {
-    return run(args);
+    return run_list(args);
+}
+
+extern "C" DISPATCHER_EXPORT int dispatcher_run_grouped_mm(const dispatcher_grouped_mm_args* args) {
+    return run_stacked(args);
+}
+
+extern "C" DISPATCHER_EXPORT int64_t dispatcher_grouped_mm_workspace_size(const dispatcher_grouped_mm_args* args) {
+    return dcuda::size_or_error([&] { return stacked_workspace_bytes(args); });
 }
 
 extern "C" DISPATCHER_EXPORT int64_t dispatcher_grouped_workspace_size(const dispatcher_grouped_args* args) {

@@ -1,5 +1,7 @@
 """Variant `faulty`: a correct data-parallel GEMM, unless its `behaviour`
-option makes it segfault, hang, or write one wrong value."""
+option makes it segfault, hang, write one wrong value or return status -2.
+Its default configs: an `unsupported` kernel that the occupancy model ranks
+first on small problems (smaller tile), then an `ok` one."""
 
 from pathlib import Path
 
@@ -9,13 +11,16 @@ from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
 from dispatcher.records import Option, VariantRecord
 
-BEHAVIOURS = ("ok", "segfault", "hang", "wrong")
+BEHAVIOURS = ("ok", "segfault", "hang", "wrong", "unsupported")
+DEFAULTS = (dict(tile_m=48, tile_n=64, tile_k=64, behaviour="unsupported"),
+            dict(tile_m=96, tile_n=128, tile_k=64, behaviour="ok"))
 
 RECORD = VariantRecord(
     name="faulty", problem_kind="gemm", targets=("cpu",), dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
     options=(Option("behaviour", "ok", "what the kernel does", choices=BEHAVIOURS),),
     name_suffix=lambda opts: f"_faulty_{opts['behaviour']}",
+    default_configs=lambda target, dtype, layout: list(DEFAULTS) if target == "cpu" else [],
 )
 
 

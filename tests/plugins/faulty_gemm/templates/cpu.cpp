@@ -1,4 +1,5 @@
-// Test-only kernel: behaviour 0 ok, 1 segfault, 2 hang, 3 one wrong value.
+// Test-only kernel: behaviour 0 ok, 1 segfault, 2 hang, 3 one wrong value,
+// 4 status -2 (the problem is unsupported) without writing anything.
 ${prelude}
 namespace {
 using T = KernelTraits;
@@ -7,6 +8,7 @@ constexpr int kBehaviour = ${behaviour};
 int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
         const dcpu::Problem<T> P = dcpu::make_problem<T>(args);
+        if (kBehaviour == 4) return dispatcher_abi::fail(DISPATCHER_UNSUPPORTED, "this kernel runs no problem");
         if (kBehaviour == 1) {
             volatile int* null = nullptr;
             *null = 1;

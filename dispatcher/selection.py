@@ -1,0 +1,65 @@
+"""Ranking candidate configs for a problem, without running anything.
+
+Every candidate gets an `Estimate`: the target's performance model where
+it has one that knows the config (on cuda, NVIDIA's analytic
+`nvidia-matmul-heuristics`, in microseconds), else the core's occupancy
+model (relative cost: waves of block tiles over the target's workers).
+Estimates of the first kind rank before those of the second; ties go to
+the config name, so a ranking is deterministic. The default selection
+takes the first, `autotune` times the first few, the status -2 fallback
+walks on down the list, and `gemm-dispatcher explain` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from . import targets
+
+OCCUPANCY = "occupancy model (relative cost)"
+
+
+@attrs.frozen
+class Estimate:
+    config: object
+    value: float
+    model: str
+    tier: int  # 0: the target's model, 1: the occupancy model
+
+    @property
+    def key(self) -> tuple:
+        return (self.tier, self.value, self.config.name)
+
+
+def estimate(problem, config, manager) -> Estimate:
+    """`config`'s estimate on `problem` (see the module docstring)."""
+    target = targets.get(config.target)
+    record = manager.variants().get(config.variant)
+    splits = record.k_splits(config) if record is not None else 1
+    found = target.model_estimate(problem, config, splits)
+    if found is not None:
+        return Estimate(config, found, target.model_name, 0)
+    return Estimate(config, estimated_cost(problem, config), OCCUPANCY, 1)
+
+
+def rank(problem, candidates, manager) -> list:
+    """`candidates` as Estimates, best first."""
+    return sorted((estimate(problem, c, manager) for c in candidates), key=lambda e: e.key)
+
+
+def estimated_cost(problem, config) -> float:
+    """Relative time of `config` on `problem`: the waves of block tiles over
+    the target's parallel workers, each costing its padded area plus the
+    overhead of loading its A and B blocks, which makes small tiles slow. A
+    B block a worker reuses for several tiles in a row (the target's
+    `panel_reuse`) costs its share once."""
+    target = targets.get(config.target)
+    workers = target.parallelism(config)
+    tiles = problem.tile_count(config.tile_m, config.tile_n)
+    waves = math.ceil(tiles / workers)
+    reuse = target.panel_reuse(problem, config, workers)
+    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_n
+                                                + 24.0 / (config.tile_m * reuse))
+    return waves * per_tile

@@ -1,0 +1,151 @@
+"""Selection without a sweep: ranking, `explain`, the status -2 fallback
+chain and autotune (CPU target; the cuda ranking runs without a GPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import errors
+from dispatcher.api import Dispatcher
+from dispatcher.plugins import PluginManager
+from dispatcher.problem import GemmProblem, prepare_gemm
+from dispatcher.targets import cuda_model
+from dispatcher.tuning import TuningDatabase
+from dispatcher.verify import max_rel, poison, random_matrix, reference
+
+HERE = Path(__file__).parent
+
+
+def explain(*args):
+    out = subprocess.run([sys.executable, "-m", "dispatcher", "explain", *args, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+needs_model = pytest.mark.skipif(not cuda_model.available(), reason="nvidia-matmul-heuristics is not installed")
+
+
+@needs_model
+def test_explain_ranks_the_cuda_catalog_without_a_gpu():
+    found = explain("--target", "cuda", "--dtype", "bf16", "--m", "256", "--n", "1024", "--k", "32768",
+                    "--variant", "stream_k")
+    ranked = found["ranked"]
+    assert len(ranked) >= 4 and found["chosen"] == ranked[0]["kernel"]
+    assert all(r["model"].startswith("nvidia-matmul-heuristics") for r in ranked)
+    assert [r["estimate"] for r in ranked] == sorted(r["estimate"] for r in ranked)
+    # few output tiles, very long K: the model wants the K dimension split
+    assert "split_k" in ranked[0]["kernel"]
+    assert explain("--target", "cuda", "--dtype", "bf16", "--m", "256", "--n", "1024", "--k", "32768",
+                   "--variant", "stream_k") == found  # deterministic
+
+
+@needs_model
+def test_explain_skinny_and_large_problems_choose_different_tiles():
+    skinny = explain("--target", "cuda", "--dtype", "bf16", "--m", "16", "--n", "8192", "--k", "7168")
+    large = explain("--target", "cuda", "--dtype", "bf16", "--m", "8192", "--n", "8192", "--k", "8192")
+    assert skinny["chosen"] != large["chosen"]
+    assert "_64x" in skinny["chosen"]  # a 64-row tile for M = 16
+
+
+def test_explain_gives_the_reason_for_each_rejected_config():
+    found = explain("--target", "cuda", "--dtype", "fp8_e4m3", "--layout", "rrr", "--m", "64", "--n", "64",
+                    "--k", "64")
+    assert found["chosen"] is None and not found["ranked"]
+    assert found["rejected"] and all("K-major" in r["reason"] for r in found["rejected"])
+
+
+def test_explain_on_cpu_uses_the_occupancy_model_and_matches_selection():
+    found = explain("--m", "300", "--n", "500", "--k", "200", "--layout", "rrr")
+    assert found["ranked"][0]["model"].startswith("occupancy")
+    a, b = np.ones((300, 200), np.float32), np.ones((200, 500), np.float32)
+    problem = prepare_gemm(a, b)[0]
+    assert Dispatcher(tuning=None).select(problem).name == found["chosen"]
+
+
+def test_explain_refuses_bad_input_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "dispatcher", "explain", "--m", "8", "--n", "8", "--k", "8",
+                          "--variant", "nope"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no plugin provides variant 'nope'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def faulty_dispatcher():
+    """A Dispatcher whose process-wide manager also has the test plugin
+    `faulty` (configs are checked against the process-wide manager)."""
+    from dispatcher.plugins import get_manager, reset_manager
+    sys.path.insert(0, str(HERE / "plugins"))
+    try:
+        from faulty_gemm import plugin
+    finally:
+        sys.path.pop(0)
+    previous = get_manager()
+    manager = PluginManager()
+    manager.register(plugin, "faulty_gemm_test")
+    reset_manager(manager)
+    yield Dispatcher(tuning=None, manager=manager)
+    reset_manager(previous)
+
+
+def test_status_minus_two_falls_back_to_the_next_ranked_kernel(faulty_dispatcher, rng):
+    d = faulty_dispatcher
+    a, b = random_matrix(40, 30, "fp32", "r", rng), random_matrix(30, 50, "fp32", "r", rng)
+    problem, operands, result = prepare_gemm(a, b, variant="faulty")
+    ranked = [e.config.variant_params["behaviour"] for e in d.ranked(problem)]
+    assert ranked == ["unsupported", "ok"]
+    poison(result)
+    ran_problem, ran = d.run_or_fall_back(problem, operands)
+    assert ran.variant_params["behaviour"] == "ok"
+    assert max_rel(result, reference(a, b)) <= 1e-5
+    with pytest.raises(errors.UnsupportedProblem, match="runs no problem"):
+        d.run_or_fall_back(problem, operands, strict=True)
+
+
+def test_autotune_times_the_top_candidates_and_stores_the_winner(tmp_path, rng):
+    tuning = TuningDatabase(tmp_path / "tuning.sqlite")
+    d = Dispatcher(tuning=tuning)
+    a, b = random_matrix(130, 70, "fp32", "r", rng), random_matrix(70, 90, "fp32", "c", rng)
+    out = poison(np.empty((130, 90), np.float32))
+    c = poison(np.empty((130, 90), np.float32))
+    c[...] = 1.0
+    dispatcher.gemm(a, b, c=c, out=out, beta=0.5, autotune=True, dispatcher=d)
+    assert max_rel(out, reference(a, b, c, beta=0.5)) <= 1e-5  # autotune never touched C or out
+    assert len(d.autotune_log) == 1
+    entry = d.autotune_log[0]
+    assert len(entry["times"]) == len(d.ranked(prepare_gemm(a, b)[0])) and entry["seconds"] > 0
+    problem = prepare_gemm(a, b)[0]
+    assert tuning.has(problem) and d.select(problem).name == entry["winner"]
+    # a second process (a fresh Dispatcher) uses the stored winner and does not tune again
+    again = Dispatcher(tuning=tuning)
+    dispatcher.gemm(a, b, autotune=True, dispatcher=again)
+    assert again.autotune_log == [] and again.select(problem).name == entry["winner"]
+
+
+def test_autotune_is_off_by_default_and_on_with_the_environment(tmp_path, monkeypatch, rng):
+    a, b = random_matrix(33, 20, "fp32", "r", rng), random_matrix(20, 17, "fp32", "r", rng)
+    d = Dispatcher(tuning=TuningDatabase(tmp_path / "t.sqlite"))
+    dispatcher.gemm(a, b, dispatcher=d)
+    assert d.autotune_log == []
+    monkeypatch.setenv("DISPATCHER_AUTOTUNE", "1")
+    d = Dispatcher(tuning=TuningDatabase(tmp_path / "t2.sqlite"))
+    assert max_rel(dispatcher.gemm(a, b, dispatcher=d), reference(a, b)) <= 1e-5
+    assert len(d.autotune_log) == 1
+
+
+def test_prebuild_builds_the_catalog(tmp_path):
+    import os
+    env = {**os.environ, "DISPATCHER_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-m", "dispatcher", "prebuild", "--variant", "grouped",
+                          "--dtype", "fp32", "--quiet"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "2 built or already cached, 0 failed" in out.stdout
+    listed = subprocess.run([sys.executable, "-m", "dispatcher", "kernels", "--json"], capture_output=True,
+                            text=True, timeout=60, env=env)
+    names = {e.get("name") for e in json.loads(listed.stdout)}
+    assert len([n for n in names if n and n.endswith("_grouped")]) == 2
