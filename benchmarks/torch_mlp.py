@@ -14,8 +14,11 @@ GPU, versions, command, per-mode times, ratios, TFLOP/s, the outputs'
 agreement) and torch_mlp.png (needs matplotlib; else `--plot JSON` draws
 it later where matplotlib is).
 
-Kernels: the defaults selected for these shapes (or the tuning database's
-winners); build them ahead with `benchmarks/build_cuda.py --set torch`.
+Kernels: the selection for each of the six GEMMs (per layer: rcr forward,
+rrr dX, crr dW; the JSON names each kernel), the tuning database's entry
+first; --autotune tunes each on its first (warm-up) call. Build them ahead
+with `gemm-dispatcher prebuild --target cuda --dtype bf16 --variant regular
+--layout rcr rrr crr` (or let the first calls build them where nvcc is).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from pathlib import Path
 import torch
 
 import dispatcher.torch as dt
+from dispatcher.api import default_dispatcher
+from dispatcher.problem import GemmProblem
 from dispatcher.verify import max_rel
 
 MODES = ("forward eager", "forward compiled", "fwd+bwd eager", "fwd+bwd compiled")
@@ -104,6 +109,18 @@ def agreement(models: dict, x, grad) -> dict:
             "weight_grad": max_rel(as_numpy(model[0].weight.grad), as_numpy(ref_model[0].weight.grad))}
 
 
+def selected_kernels(d: int, h: int, tokens: int, target: str) -> dict:
+    """{GEMM: kernel} of the six GEMMs one step runs (as selected, or tuned)."""
+    gemms = {}
+    for layer, (n_in, n_out) in (("up", (d, h)), ("down", (h, d))):
+        for role, (m, n, k, layout) in (("forward", (tokens, n_out, n_in, "rcr")),
+                                        ("dX", (tokens, n_in, n_out, "rrr")),
+                                        ("dW", (n_out, n_in, tokens, "crr"))):
+            problem = GemmProblem(m, n, k, "bf16", "bf16", layout, "regular", target)
+            gemms[f"{layer} {role} {m}x{n}x{k} {layout}"] = default_dispatcher().select(problem).name
+    return gemms
+
+
 def versions(device) -> dict:
     import numpy
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__,
@@ -151,6 +168,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=30, help="timed steps per contender and mode (>= 20)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--autotune", action="store_true",
+                    help="dispatcher.torch.Linear(autotune=True): time the top ranked kernels of each GEMM "
+                         "on its first call (a warm-up) and keep the fastest")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, few steps, aot_eager compile")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only draw the PNG of an earlier run's JSON")
@@ -168,7 +188,7 @@ def main():
         device, backend = torch.device("cuda"), "inductor"
     dtype = torch.bfloat16
     base = mlp(args.d, args.h, device, dtype)
-    ours = dt.swap_linears(copy.deepcopy(base))
+    ours = dt.swap_linears(copy.deepcopy(base), autotune=args.autotune)
     models = {name: (m, torch.compile(m, fullgraph=True, backend=backend))
               for name, m in (("nn.Linear", base), ("dispatcher", ours))}
     gen = torch.Generator(device=device).manual_seed(1)
@@ -182,7 +202,9 @@ def main():
                   "activation": "gelu_tanh"},
         "timing": {"repeat": args.repeat, "warmup": args.warmup, "statistic": "median",
                    "clock": "cuda events" if device.type == "cuda" else "perf_counter",
-                   "compile": f"torch.compile(fullgraph=True, backend={backend!r})"},
+                   "compile": f"torch.compile(fullgraph=True, backend={backend!r})",
+                   "autotune": args.autotune},
+        "kernels": selected_kernels(args.d, args.h, args.tokens, device.type),
         "agreement_max_rel": agreement(models, x, grad),
         "modes": {},
     }
