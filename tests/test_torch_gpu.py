@@ -87,15 +87,20 @@ def test_cuda_graph_capture_and_replay():
         assert rel(out, a.double() @ b.double()) <= BF16
 
 
-def test_grouped_mm_bf16_forward_backward_and_graph():
-    """grouped_mm on transposed expert weights (needs the cuda grouped_mm
-    kernel, issue 15), its gradients, and a graph replayed with new routing."""
-    a = matrix(1000, 256, 1).requires_grad_()
-    w = torch.stack([matrix(128, 256, 2 + g) for g in range(4)]).requires_grad_()
-    offsets = torch.tensor([100, 100, 700, 900], dtype=torch.int32, device="cuda")
+def experts():
+    """1000 stacked tokens, 4 experts' (N, K) weights, routing with an empty group and 100 rows routed nowhere."""
+    a = matrix(1000, 256, 1)
+    w = torch.stack([matrix(128, 256, 2 + g) for g in range(4)])
+    return a, w, torch.tensor([100, 100, 700, 900], dtype=torch.int32, device="cuda")
+
+
+def test_grouped_mm_bf16_forward_backward():
+    """grouped_mm on transposed expert weights and its gradients, against float64."""
+    a0, w0, offsets = experts()
+    a, w = a0.requires_grad_(), w0.requires_grad_()
     a64, w64 = (t.detach().double().requires_grad_() for t in (a, w))
     out = dt.grouped_mm(a, w.transpose(1, 2), offsets)
-    rows = [0, 100, 100, 700, 900]
+    rows = [0, *offsets.tolist()]
     ref = torch.cat([a64[rows[g]:rows[g + 1]] @ w64[g].t() for g in range(4)]
                     + [torch.zeros(100, 128, dtype=torch.float64, device="cuda")])
     assert rel(out, ref) <= BF16
@@ -103,11 +108,20 @@ def test_grouped_mm_bf16_forward_backward_and_graph():
     out.backward(g)
     ref.backward(g.double())
     assert rel(a.grad, a64.grad) <= 2 * BF16 and rel(w.grad, w64.grad) <= 2 * BF16
-    x, weights = a.detach(), w.detach().transpose(1, 2)
+    assert w.grad.stride() == w.stride()
+
+
+def test_grouped_mm_cuda_graph_replays_new_offsets():
+    """A captured grouped_mm replayed after new routing is written into the same offsets buffer."""
+    x, w, offsets = experts()
+    weights = w.transpose(1, 2)
+    dt.grouped_mm(x, weights, offsets)  # select and load outside the capture
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = dt.grouped_mm(x, weights, offsets)
     offsets.copy_(torch.tensor([250, 500, 750, 1000], dtype=torch.int32))
+    replayed.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     xs = x.double()
