@@ -52,4 +52,12 @@ def everything() -> list:
     return list(seen.values())
 
 
-SETS = {"catalog": catalog, "tests": test_configs, "all": everything}
+def torch_configs() -> list:
+    """The catalogs dispatcher.torch's GPU tests and benchmarks/torch_mlp.py
+    select from: a Linear's forward runs rcr, its dX rrr and its dW crr; a
+    grouped_mm's forward on transposed expert weights rcr, its dA rrr and
+    its dB (a grouped_gemm) crr."""
+    return catalog(("regular", "grouped"), ("bf16",), ("rcr", "rrr", "crr"))
+
+
+SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "all": everything}

@@ -6,11 +6,14 @@
 #   cp ../shared/bench/shapes.json .carry/pack/shapes.json
 #   OUT=/some/dir bash benchmarks/gpu_session.sh build test    # on the GPU machine
 #   OUT=/some/dir bash benchmarks/gpu_session.sh bench
+#   OUT=/some/dir bash benchmarks/gpu_session.sh torchbuild torchtest torchbench   # dispatcher.torch
 #
 # build: the catalogs and the GPU tests' kernels, in parallel, into .gpucache
 # (kept on a warm machine between calls); pack: that cache into
 # $OUT/cache.tar.xz; unpack: it back from .carry/pack/cache.tar.xz on a fresh
-# machine; test: the GPU tests; bench: the CUDA benchmark. Everything it
+# machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
+# torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
+# to tune the MLP's six GEMMs in the warm-up). Everything it
 # prints and writes lands under $OUT.
 set -u
 R=$PWD
@@ -28,6 +31,11 @@ for step in "$@"; do
     test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
     bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;
+    # dispatcher.torch (issue 16): the kernels its GPU tests and MLP benchmark select, the tests, the benchmark
+    torchbuild) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set torch --jobs $(nproc) 2>&1 | tail -5 | tee $OUT/torch_build.log ;;
+    torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
+             | tee $OUT/torch_gpu_tests.log | tail -25 ;;
+    torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done

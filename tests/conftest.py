@@ -65,3 +65,21 @@ def _tail(log, lines: int = 15) -> str:
         return ""
     with open(log, errors="replace") as f:
         return "\n" + "".join(f.readlines()[-lines:])
+
+
+def train_losses(model, x, y, steps: int = 5, backend=None) -> list:
+    """Losses of `steps` SGD steps of `model` on one regression batch,
+    compiled whole with torch.compile's `backend` if given: the PyTorch
+    tests train a dispatcher.torch model and an nn.Linear one with this."""
+    import torch
+
+    run = torch.compile(model, fullgraph=True, backend=backend) if backend else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(run(x).float(), y.float())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

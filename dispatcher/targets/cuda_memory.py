@@ -79,13 +79,14 @@ class DeviceArray:
 
 
 # torch dtype name -> dtype token; the torch dtype objects themselves are
-# looked up once (see _torch_types) so torch is imported only when used.
+# looked up once (see torch_types) so torch is imported only when used;
+# dispatcher.torch shares the table.
 _TORCH_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8_e4m3",
                 "float8_e5m2": "fp8_e5m2", "int8": "int8", "int32": "int32"}
 
 
 @functools.lru_cache(maxsize=None)
-def _torch_types() -> tuple:
+def torch_types() -> tuple:
     """({torch dtype: (numpy dtype, itemsize)}, {numpy dtype: torch dtype}) of this torch."""
     import torch
     to_numpy, from_numpy = {}, {}
@@ -106,7 +107,7 @@ def _row_major_strides(shape, itemsize) -> list:
 
 
 def _torch_view(x) -> DeviceArray:
-    found = _torch_types()[0].get(x.dtype)
+    found = torch_types()[0].get(x.dtype)
     if found is None:
         raise DtypeError(f"torch dtype {x.dtype} is not supported")
     dtype, size = found
@@ -286,7 +287,7 @@ class DeviceSession:
         """An output of the kind the caller passed (torch tensor if any input was)."""
         if self.torch_like is not None:  # new_empty: same device, no device parsing
             dtype = np.dtype(dtype)
-            t = self.torch_like.new_empty(shape, dtype=_torch_types()[1][dtype])
+            t = self.torch_like.new_empty(shape, dtype=torch_types()[1][dtype])
             return DeviceArray(shape, _row_major_strides(shape, dtype.itemsize), dtype, t.data_ptr(), t)
         return DEVICE.empty(shape, dtype)
 

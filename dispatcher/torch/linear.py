@@ -1,0 +1,65 @@
+"""`Linear`: `torch.nn.Linear` with its matmul on the dispatcher's kernels,
+and `swap_linears`, which puts it into an existing model in place."""
+
+from __future__ import annotations
+
+import torch
+
+from dispatcher.torch.ops import config_key, gemm
+
+
+class Linear(torch.nn.Linear):
+    """A drop-in `torch.nn.Linear`: the same parameters (`weight` of shape
+    (out_features, in_features), optional `bias`), initialization and
+    state_dict; y = x @ weight^T + bias runs `gemm_dispatcher::gemm` on
+    `weight.t()`, a column-major view (no copy, forward or backward).
+
+    variant, config, autotune: as for `dispatcher.gemm`; the backward GEMMs
+    run the same variant and autotune, but config applies to the forward
+    product only (the backward ones, of other layouts, are selected: the
+    tuning database first).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None, *, variant: str = "regular", config=None, autotune: bool | None = None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.variant = variant
+        self.config = config_key(config)
+        self.autotune = autotune
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, **kwargs) -> "Linear":
+        """A Linear sharing `linear`'s parameter objects (optimizers holding
+        them keep working); kwargs: variant, config, autotune."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                  device="meta", dtype=linear.weight.dtype, **kwargs)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = gemm(x.reshape(-1, self.in_features), self.weight.t(), variant=self.variant,
+                 config=self.config, autotune=self.autotune)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, variant={self.variant!r}, config={self.config!r}, "
+                f"autotune={self.autotune!r}")
+
+
+def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
+    """Replace every `torch.nn.Linear` of `model` (exactly that class:
+    subclasses may have their own forward) by a `Linear` sharing its
+    parameters, in place; returns `model` (a bare nn.Linear, which cannot
+    be replaced in place, comes back as its replacement). kwargs: variant,
+    config, autotune."""
+    if type(model) is torch.nn.Linear:
+        return Linear.from_linear(model, **kwargs)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, Linear.from_linear(child, **kwargs))
+    return model

@@ -1,0 +1,256 @@
+"""The `gemm_dispatcher::*` torch operators: eager kernels, fake (meta)
+implementations for `torch.compile`, and autograd through the dispatcher's
+own kernels.
+
+An operator's arguments must be tensors, numbers, strings or dtypes, so a
+kernel config travels as a string key: `config_key(config)` registers a
+`KernelConfig` (or a dict of config fields) and returns the key the ops
+take (the wrappers here do that for you).
+
+`grouped_mm` is the stacked mixture-of-experts form (dispatcher.grouped_mm,
+in `torch._grouped_mm`'s argument order). Its dA is a grouped_mm on the
+transposed view of b; its dB (one K x N product per group, summed over that
+group's rows) is `gemm_dispatcher::grouped_mm_grad_b`, a grouped_gemm over
+per-group views, which reads the offsets on the host (a synchronisation on
+CUDA, in the backward only).
+
+Backward passes are GEMMs on transposed *views*: dA = alpha * dC @ B^T and
+dB = alpha * A^T @ dC, each written in its operand's layout (a column-major
+operand gets the row-major transpose product, viewed back), so a
+`weight.t()` operand receives a gradient laid out as `weight` and nothing is
+copied.
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Optional
+
+import torch
+
+import dispatcher
+from dispatcher.config import KernelConfig
+from dispatcher.errors import ConfigError, ProblemError
+from dispatcher.torch.tensors import (check_readable, column_major, for_target, from_target,
+                                      output_dtype, readable, target_of, token)
+
+_CONFIGS: dict = {}
+
+
+def config_key(config) -> Optional[str]:
+    """The key an op takes for `config` (a KernelConfig, a dict of config
+    fields, a key already registered, or None for the selected kernel)."""
+    if config is None or (isinstance(config, str) and config in _CONFIGS):
+        return config
+    if isinstance(config, KernelConfig):
+        key = config.name
+    elif isinstance(config, Mapping):
+        key = json.dumps(dict(config), sort_keys=True, default=list)
+    else:
+        raise ConfigError(f"config must be a KernelConfig or a dict of config fields, "
+                          f"got {type(config).__name__}")
+    _CONFIGS[key] = config
+    return key
+
+
+def _config(key: Optional[str]):
+    if key is None:
+        return None
+    try:
+        return _CONFIGS[key]
+    except KeyError:
+        raise ConfigError(f"config key {key!r} is not registered in this process; pass the op "
+                          "dispatcher.torch.config_key(config)") from None
+
+
+def _check_shapes(a: torch.Tensor, b: torch.Tensor):
+    if a.dim() != 2 or b.dim() != 2:
+        raise ProblemError(f"a and b must be 2-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ProblemError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+
+
+# ------------------------------------------------------------------ gemm
+@torch.library.custom_op("gemm_dispatcher::gemm", mutates_args=())
+def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
+          beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
+          config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
+    """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
+    _check_shapes(a, b)
+    check_readable("a", a)
+    check_readable("b", b)
+    target = target_of(a, b, c)
+    out = a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
+    dispatcher.gemm(for_target(a, target), for_target(b, target), c=for_target(c, target),
+                    alpha=alpha, beta=beta, out=for_target(out, target), variant=variant,
+                    target=target, config=_config(config), autotune=autotune)
+    return out
+
+
+@_gemm.register_fake
+def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
+               autotune=None):
+    _check_shapes(a, b)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, b, c, alpha, beta, _, variant, _, autotune = inputs
+    ctx.save_for_backward(a, b)
+    ctx.alpha, ctx.beta = alpha, beta
+    ctx.selection = dict(variant=variant, autotune=autotune)
+    ctx.c_dtype = None if c is None else c.dtype
+
+
+def _gemm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    need_a, need_b, need_c = (*ctx.needs_input_grad, False, False, False)[:3]  # (c=None: no entry)
+    grad_a = grad_b = grad_c = None
+    if need_a or need_b:
+        dc = _operand(grad, a.dtype)
+        if need_a:
+            grad_a = _product_like(a, dc, b.t(), ctx.alpha, ctx.selection)
+        if need_b:
+            grad_b = _product_like(b, a.t(), dc, ctx.alpha, ctx.selection)
+    if need_c:
+        grad_c = (grad * ctx.beta).to(ctx.c_dtype)
+    return grad_a, grad_b, grad_c, None, None, None, None, None, None
+
+
+_gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+
+
+def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An incoming gradient as a GEMM operand: the inputs' dtype (a GEMM has
+    one input dtype; it differs when out_dtype did), and copied only when the
+    kernels cannot read its strides (e.g. the expanded gradient of a sum)."""
+    grad = grad.to(dtype)
+    return grad if readable(grad) else grad.contiguous()
+
+
+def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float,
+                  selection: dict) -> torch.Tensor:
+    """alpha * x @ y laid out as `like`: for a column-major `like`, the
+    row-major product y^T @ x^T viewed transposed (no copy either way).
+    selection: the forward's variant and autotune."""
+    if column_major(like):
+        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype, **selection).t()
+    return gemm(x, y, alpha=alpha, out_dtype=like.dtype, **selection)
+
+
+def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
+         autotune=None):
+    """`torch.ops.gemm_dispatcher.gemm`: alpha * a @ b + beta * c on the
+    dispatcher's kernels, differentiable and traceable by torch.compile.
+
+    a, b: 2-D tensors of one dtype on one device (CPU tensors run on the cpu
+    target, CUDA tensors on the cuda target, on the current stream), row- or
+    column-major (transposed views are read in place). variant: a
+    single-GEMM variant (regular, stream_k), for the backward GEMMs too.
+    config: a KernelConfig, a dict of config fields, or None to select one
+    (the tuning database first); it applies to this product, not to its
+    backward GEMMs, which are selected for their own shapes and layouts.
+    autotune: as for dispatcher.gemm (None: $DISPATCHER_AUTOTUNE), for the
+    backward GEMMs too; each problem is tuned once, on its first call, so
+    make that call before capturing a CUDA graph.
+    """
+    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config),
+                                          autotune)
+
+
+# ------------------------------------------------------------ grouped_mm
+def _check_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
+    if a.dim() != 2 or b.dim() != 3 or offsets.dim() != 1:
+        raise ProblemError(f"grouped_mm takes a (total_M, K), b (G, K, N) and offsets (G,), got shapes "
+                           f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(offsets.shape)}")
+    if a.shape[1] != b.shape[1] or offsets.shape[0] != b.shape[0]:
+        raise ProblemError(f"a {tuple(a.shape)}, b {tuple(b.shape)} and offsets {tuple(offsets.shape)} "
+                           "do not fit: a's K must be b's dim 1, and offsets needs one entry per group")
+
+
+@torch.library.custom_op("gemm_dispatcher::grouped_mm", mutates_args=())
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+                out_dtype: Optional[torch.dtype] = None, alpha: float = 1.0,
+                config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
+    """Rows [offsets[g-1], offsets[g]) of a times b[g], through dispatcher.grouped_mm."""
+    _check_grouped(a, b, offsets)
+    check_readable("a", a)
+    check_readable("b", b)
+    target = target_of(a, b, offsets)
+    result = dispatcher.grouped_mm(for_target(a, target), for_target(b, target),
+                                   for_target(offsets, target),
+                                   out_dtype=None if out_dtype is None else token(out_dtype),
+                                   alpha=alpha, target=target, config=_config(config), autotune=autotune)
+    return from_target(result)
+
+
+@_grouped_mm.register_fake
+def _grouped_mm_fake(a, b, offsets, out_dtype=None, alpha=1.0, config=None, autotune=None):
+    _check_grouped(a, b, offsets)
+    return a.new_empty((a.shape[0], b.shape[2]), dtype=output_dtype(a, out_dtype))
+
+
+@torch.library.custom_op("gemm_dispatcher::grouped_mm_grad_b", mutates_args=())
+def _grouped_mm_grad_b(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, alpha: float,
+                       transposed: bool) -> torch.Tensor:
+    """dB of grouped_mm: alpha * a[rows_g]^T @ grad[rows_g] per group, (G, K, N)
+    with b's dtype; `transposed`: (G, N, K), each group's product
+    grad[rows_g]^T @ a[rows_g], for a b whose groups are column-major.
+    A group without rows gets zeros."""
+    target = target_of(a, grad, offsets)
+    ends = offsets.tolist()
+    groups = [(g, start, end) for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends)) if end > start]
+    shape = (len(ends), grad.shape[1], a.shape[1]) if transposed else (len(ends), a.shape[1], grad.shape[1])
+    out = a.new_zeros(shape)
+    left, right = (grad, a) if transposed else (a, grad)
+    products = dispatcher.grouped_gemm(
+        [for_target(left[start:end].t(), target) for _, start, end in groups],
+        [for_target(right[start:end], target) for _, start, end in groups],
+        out_dtype=token(a.dtype), alpha=alpha, target=target)
+    for (g, _, _), product in zip(groups, products):
+        out[g].copy_(from_target(product))
+    return out
+
+
+@_grouped_mm_grad_b.register_fake
+def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
+    g, k, n = offsets.shape[0], a.shape[1], grad.shape[1]
+    return a.new_empty((g, n, k) if transposed else (g, k, n))
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    a, b, offsets, _, alpha, _, autotune = inputs
+    ctx.save_for_backward(a, b, offsets)
+    ctx.alpha, ctx.autotune = alpha, autotune
+
+
+def _grouped_mm_backward(ctx, grad):
+    a, b, offsets = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    grad_a = grad_b = None
+    dc = _operand(grad, a.dtype)
+    if need_a:
+        grad_a = grouped_mm(dc, b.transpose(1, 2), offsets, out_dtype=a.dtype, alpha=ctx.alpha,
+                            autotune=ctx.autotune)
+    if need_b:
+        transposed = b.shape[0] > 0 and column_major(b[0])
+        grad_b = torch.ops.gemm_dispatcher.grouped_mm_grad_b(a, dc, offsets, ctx.alpha, transposed)
+        if transposed:
+            grad_b = grad_b.transpose(1, 2)
+    return grad_a, grad_b, None, None, None, None, None
+
+
+_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotune=None):
+    """`torch.ops.gemm_dispatcher.grouped_mm`: dispatcher.grouped_mm as a
+    differentiable, traceable op, in `torch._grouped_mm`'s argument order.
+
+    a (total_M, K), b (G, K, N) (each b[g] row- or column-major: a
+    `w.transpose(1, 2)` view is read in place), offsets (G,) int32
+    cumulative row ends on a's device; returns (total_M, N), rows past
+    offsets[-1] zero. config, autotune: as for `gemm` (dB, a list-form
+    grouped GEMM, is not autotuned).
+    """
+    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype, alpha, config_key(config),
+                                                autotune)
