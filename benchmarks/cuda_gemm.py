@@ -271,7 +271,7 @@ def summarize(result) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--only", default="regular,unaligned,skinny,stream_k,fp8,grouped,overhead")
+    ap.add_argument("--only", default="overhead,regular,unaligned,skinny,stream_k,grouped,fp8")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     timing = TimingOptions(warmup=5, repeat=args.repeat, flush_l2=True)
@@ -285,22 +285,28 @@ def main():
                               "nvcc": get_target("cuda").toolchain().identity},
               "timing": {"warmup": 5, "repeat": args.repeat, "statistic": "median", "timer": "CUDA events",
                          "l2_flush": True}}
-    for part, variant in (("regular", "regular"), ("unaligned", "regular"), ("skinny", "regular"),
-                          ("stream_k", "stream_k")):
-        if part in parts:
-            result[part] = bench_gemm([tuple(s) for s in corpus[part]], variant, timing, tmp)
-    if "fp8" in parts:
-        large = [tuple(s) for s in corpus["regular"] if min(s) >= 4096 and s[0] == s[1] == s[2]]
-        result["fp8"] = bench_gemm(large, "regular", timing, tmp, torch.float8_e4m3fn, "bf16")
-    if "grouped" in parts:
-        result["grouped"] = bench_grouped(corpus["grouped"], timing, tmp)
-    if "overhead" in parts:
-        decode = next(c for c in corpus["grouped"] if "decode" in c["name"])
-        result["per_call"] = bench_overhead(decode)
-    result["summary"] = summarize(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cuda_gemm.json").write_text(json.dumps(result, indent=1, default=str))
+
+    def save():  # after every part, so a run stopped early keeps what it measured
+        result["summary"] = summarize(result)
+        (out / "cuda_gemm.json").write_text(json.dumps(result, indent=1, default=str))
+
+    for part in parts:
+        if part in ("regular", "unaligned", "skinny", "stream_k"):
+            variant = "stream_k" if part == "stream_k" else "regular"
+            result[part] = bench_gemm([tuple(s) for s in corpus[part]], variant, timing, tmp)
+        elif part == "fp8":
+            large = [tuple(s) for s in corpus["regular"] if min(s) >= 4096 and s[0] == s[1] == s[2]]
+            result["fp8"] = bench_gemm(large, "regular", timing, tmp, torch.float8_e4m3fn, "bf16")
+        elif part == "grouped":
+            result["grouped"] = bench_grouped(corpus["grouped"], timing, tmp)
+        elif part == "overhead":
+            decode = next(c for c in corpus["grouped"] if "decode" in c["name"])
+            result["per_call"] = bench_overhead(decode)
+        else:
+            raise SystemExit(f"unknown part {part!r}")
+        save()
     plot(result, out / "cuda_gemm.png")
     print(json.dumps(result["summary"], indent=1))
 
