@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -112,6 +113,24 @@ def _torch_view(x) -> DeviceArray:
         raise DtypeError(f"torch dtype {x.dtype} is not supported")
     dtype, size = found
     return DeviceArray(x.shape, [s * size for s in x.stride()], dtype, x.data_ptr(), x)
+
+
+class _BoundDevice(threading.local):
+    device = -1
+
+
+_BOUND = _BoundDevice()
+
+
+def _bind_thread(device: int):
+    """Make `device`'s primary context current in this thread, once per
+    thread and device. CUTLASS encodes TMA descriptors with the driver API,
+    which needs a current context, and a thread that has made no runtime
+    call has none: torch runs backward passes on its own device threads
+    (cuTensorMapEncodeTiled failed there with error 201, invalid context)."""
+    if _BOUND.device != device:
+        _cupy().cuda.runtime.setDevice(device)
+        _BOUND.device = device
 
 
 def _torch_stream(x) -> int:
@@ -271,8 +290,10 @@ class DeviceSession:
                 raise ProblemError(f"the cuda target takes torch CUDA tensors, CUDA arrays or numpy "
                                    f"arrays, got {type(x).__name__}")
         if self.torch_like is not None:
+            _bind_thread(self.torch_like.get_device())
             self.stream = _torch_stream(self.torch_like)
         else:
+            _bind_thread(_cupy().cuda.runtime.getDevice())
             self.stream = _cupy().cuda.get_current_stream().ptr
         self.arrays = tuple([self.to_device(x) for x in arrays])
 
