@@ -40,7 +40,7 @@ def test_configs() -> list:
         out.append(KernelConfig.create(dtype=dtype, layout="rcr", tile_k=128, **TILE))
     for dec, splits in (("hybrid", 1), ("stream_k", 1), ("split_k", 3), ("data_parallel", 1)):
         for red in ("linear", "atomic"):
-            out.append(KernelConfig.create(variant="stream_k", dtype="bf16", layout="rcr", tile_k=128,
+            out.append(KernelConfig.create(variant="stream_k", dtype="bf16", layout="rcr", tile_k=64,
                                            decomposition=dec, splits=splits, reduction=red, **TILE))
     return out
 

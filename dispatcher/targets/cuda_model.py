@@ -7,6 +7,11 @@ knows the CTA tiles of its own CUTLASS 3 space (the warp and instruction
 shapes below were read from its proposals), so a config outside that space
 gets no estimate (None) and selection ranks it by the core's occupancy
 model instead. Without the package every estimate is None.
+
+The model ranks the output tile, cluster, split-K and swizzle; its K tile
+is fixed per precision (`_MODEL_TILE_K`, what its proposals use), and the
+catalogs build the K tile that measured faster (see
+`CudaTarget.default_tile_k`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import functools
 _PRECISION = {("bf16", "bf16"): "BSB", ("fp16", "fp16"): "HSH", ("bf16", "fp32"): "BSS",
               ("fp16", "fp32"): "HSS", ("fp8_e4m3", "bf16"): "QSB", ("fp8_e4m3", "fp16"): "QSH",
               ("fp8_e5m2", "bf16"): "QSB", ("fp8_e5m2", "fp16"): "QSH"}
+
+# The K tile of the model's proposals, by input dtype.
+_MODEL_TILE_K = {"bf16": 128, "fp16": 64, "fp8_e4m3": 128, "fp8_e5m2": 128}
 
 # CTA tile -> (warp tile, instruction tile) as the model's own proposals give them.
 _SHAPES = {
@@ -53,13 +61,15 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=65536)
-def estimate_us(m: int, n: int, k: int, layout: str, dtype: str, out_dtype: str, tile: tuple,
+def estimate_us(m: int, n: int, k: int, layout: str, dtype: str, out_dtype: str, tile_mn: tuple,
                 cluster: tuple, splits: int = 1, swizzle: int = 1):
-    """Microseconds the model expects for one (m, n, k) GEMM on this config,
-    or None when the model is absent or does not know the config."""
+    """Microseconds the model expects for one (m, n, k) GEMM with this output
+    tile (its K tile the model's own), or None when the model is absent or
+    does not know the config."""
     found = _model()
     precision = _PRECISION.get((dtype, out_dtype))
-    shapes = _SHAPES.get(tuple(tile))
+    tile = (*tile_mn, _MODEL_TILE_K.get(dtype, 0))
+    shapes = _SHAPES.get(tile)
     if found is None or precision is None or shapes is None or min(m, n, k) < 1:
         return None
     nvmmh, model = found
