@@ -13,7 +13,7 @@ from ..plugins import get_manager
 from ..problem import GemmProblem, GroupedGemmProblem
 from ..timing import TimingOptions
 from ..tuning import TuningDatabase
-from . import builder, problems as problem_files, results, runner, sweep
+from . import executors, problems as problem_files, results, runner, sweep
 
 DEFAULT_PROBLEMS = {
     "gemm": [(512, 512, 512), (1024, 1024, 1024), (1000, 1500, 700)],
@@ -30,8 +30,13 @@ class SweepOptions:
     layout: str = "rcr"
     out_dtype: str | None = None
     problems: object = None
-    workers: int = 0
-    devices: str | None = None
+    executor: str = "local"        # executors.NAMES
+    workers: int = 0               # local: build processes
+    devices: str | None = None     # local: benchmark slots
+    address: str | None = None     # ray: the cluster (None: start one here)
+    slots: int = 0                 # ray: benchmark slots (0: every GPU, or every node's CPUs)
+    slot_cpus: int = 0             # ray: CPUs of a slot
+    slot_timeout: float = 0.0      # ray: seconds for a slot's actor to start (0: the default)
     kernel_timeout: float = 60.0
     max_kernels: int = 0
     verify: bool = False
@@ -61,23 +66,11 @@ def run(o: SweepOptions) -> dict:
         raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
                               "add --resume to continue that sweep, or choose another --out")
 
-    built, build_failures = builder.build_all(plan.configs, o.workers, o.progress)
-    for name, error in build_failures:
-        say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
-    configs = [c for c in plan.configs if c.name in set(built)]
-    if not configs:
-        raise DispatcherError("no kernel of the sweep was built")
-
-    devices = runner.parse_devices(o.devices, o.target)
-    writer = results.ResultWriter(o.out, kind, o.target)
-    todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
-    header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
-              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
-              "timing": attrs.asdict(o.timing)}
+    executor = executors.create(o)
     try:
-        rows = runner.benchmark(configs, header, devices, o.kernel_timeout, writer, todo, o.progress)
+        rows, configs, build_failures, writer = measure(executor, plan, probs, done, o, kind)
     finally:
-        writer.close()
+        executor.close()
     if done:
         say(f"resume: skipped {len(done)} measurement(s) already in {writer.csv_path}")
 
@@ -89,6 +82,27 @@ def run(o: SweepOptions) -> dict:
     for r in failed:
         say(f"  {r['status']}: {r['kernel']} problem {r['problem_idx']}: {r.get('reason', '')}")
     return summary
+
+
+def measure(executor, plan, probs, done, o: SweepOptions, kind: str):
+    """Build and benchmark on `executor`: (rows, configs built, build failures, writer)."""
+    keys, build_failures = executor.build(plan.configs, o.progress)
+    for name, error in build_failures:
+        say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
+    configs = [c for c in plan.configs if c.name in keys]
+    if not configs:
+        raise DispatcherError("no kernel of the sweep was built")
+    writer = results.ResultWriter(o.out, kind, o.target)
+    todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
+    header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
+              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
+              "timing": attrs.asdict(o.timing)}
+    try:
+        rows = runner.benchmark(configs, keys, todo, executor.slots(header), o.kernel_timeout, writer,
+                                o.progress)
+    finally:
+        writer.close()
+    return rows, configs, build_failures, writer
 
 
 def problem_record(shape, o: SweepOptions, kind: str):

@@ -1,5 +1,6 @@
 """Variant `faulty`: a correct data-parallel GEMM, unless its `behaviour`
-option makes it segfault, hang, or write one wrong value."""
+option makes it segfault, hang, write one wrong value, or run slowly (right
+results, many times the time: a kernel no sweep should pick)."""
 
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
 from dispatcher.records import Option, VariantRecord
 
-BEHAVIOURS = ("ok", "segfault", "hang", "wrong")
+BEHAVIOURS = ("ok", "segfault", "hang", "wrong", "slow")
 
 RECORD = VariantRecord(
     name="faulty", problem_kind="gemm", targets=("cpu",), dtypes=dtypes.INPUT_TOKENS,
