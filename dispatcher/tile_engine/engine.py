@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections import defaultdict
 
 import attrs
@@ -66,9 +67,11 @@ def run(o: SweepOptions) -> dict:
         raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
                               "add --resume to continue that sweep, or choose another --out")
 
+    started = time.perf_counter()
     executor = executors.create(o)
+    seconds = {"executor": time.perf_counter() - started}  # wall time of each phase
     try:
-        rows, configs, build_failures, writer = measure(executor, plan, probs, done, o, kind)
+        rows, configs, build_failures, writer = measure(executor, plan, probs, done, o, kind, seconds)
     finally:
         executor.close()
     if done:
@@ -78,15 +81,19 @@ def run(o: SweepOptions) -> dict:
     failed = [r for r in rows if r["status"] != "ok"]
     summary = {"kernels": len(plan.configs), "filtered": len(plan.filtered), "built": len(configs),
                "build_failed": len(build_failures), "measured": len(rows), "failed_rows": len(failed),
-               "winners": winners, "csv": str(writer.csv_path)}
+               "winners": winners, "csv": str(writer.csv_path),
+               "seconds": {phase: round(t, 3) for phase, t in seconds.items()}}
     for r in failed:
         say(f"  {r['status']}: {r['kernel']} problem {r['problem_idx']}: {r.get('reason', '')}")
     return summary
 
 
-def measure(executor, plan, probs, done, o: SweepOptions, kind: str):
-    """Build and benchmark on `executor`: (rows, configs built, build failures, writer)."""
+def measure(executor, plan, probs, done, o: SweepOptions, kind: str, seconds: dict):
+    """Build and benchmark on `executor`: (rows, configs built, build failures,
+    writer); `seconds` gets the wall time of each phase."""
+    started = time.perf_counter()
     keys, build_failures = executor.build(plan.configs, o.progress)
+    seconds["build"] = time.perf_counter() - started
     for name, error in build_failures:
         say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
     configs = [c for c in plan.configs if c.name in keys]
@@ -98,8 +105,10 @@ def measure(executor, plan, probs, done, o: SweepOptions, kind: str):
               "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
               "timing": attrs.asdict(o.timing)}
     try:
+        started = time.perf_counter()
         rows = runner.benchmark(configs, keys, todo, executor.slots(header), o.kernel_timeout, writer,
                                 o.progress)
+        seconds["benchmark"] = time.perf_counter() - started
     finally:
         writer.close()
     return rows, configs, build_failures, writer

@@ -69,21 +69,24 @@ class SlotActor:
     def ready(self) -> str:
         return self.header["device"]
 
-    def begin(self, kernel: dict, timeout: float, sha256: str, library: list):
-        """Get the kernel's library and a worker ready; the reason if either
-        fails (its rows fail), else None. `library`: [object ref], fetched
-        only if this host's cache lacks the entry."""
+    def begin(self, kernel: dict, timeout: float, sha256: str, library: list) -> dict:
+        """Get the kernel's library and a worker ready: {} if they are, else
+        {"died": reason} (its rows fail) or {"lost": reason} (they are
+        retried). `library`: [object ref], fetched only if this host's cache
+        lacks the entry."""
         try:
             self._install(kernel, sha256, library[0])
         except (CacheError, RayError, OSError) as e:
-            return f"library transfer: {type(e).__name__}: {e}"
+            return {"died": f"library transfer: {type(e).__name__}: {e}"}
         try:
             if self.worker.proc is None:
                 self.worker.start()
         except WorkerDied as e:
-            return str(e)
+            return {"died": str(e)}
+        except SlotLost as e:
+            return {"lost": str(e)}
         self.rows = self.worker.run(kernel, timeout)
-        return None
+        return {}
 
     def _install(self, kernel: dict, sha256: str, ref):
         key, name = kernel["key"], KernelConfig.from_dict(kernel["config"]).name
@@ -97,13 +100,16 @@ class SlotActor:
         self.cache.install(key, library["meta"], library["image"])
 
     def next(self) -> dict:
-        """The next row, {"done": True} after the kernel's last, or {"died": reason}."""
+        """The next row, {"done": True} after the kernel's last, or {"died"
+        or "lost": reason} as `begin`."""
         try:
             return next(self.rows)
         except StopIteration:
             return {"done": True}
         except WorkerDied as e:
             return {"died": str(e)}
+        except SlotLost as e:
+            return {"lost": str(e)}
 
     def stop(self):
         self.worker.kill()
@@ -117,17 +123,22 @@ class RayWorker:
 
     def run(self, kernel: dict, timeout: float):
         sha256, ref = self.libraries[kernel["key"]]
-        died = self._get(self.actor.begin.remote(kernel, timeout, sha256, [ref]),
-                         self.start_timeout + timeout + GRACE_SECONDS)
-        if died:
-            raise WorkerDied(died)
+        self._check(self._get(self.actor.begin.remote(kernel, timeout, sha256, [ref]),
+                              self.start_timeout + timeout + GRACE_SECONDS))
         while True:
-            record = self._get(self.actor.next.remote(), timeout + GRACE_SECONDS)
-            if "died" in record:
-                raise WorkerDied(record["died"])
+            record = self._check(self._get(self.actor.next.remote(), timeout + GRACE_SECONDS))
             if "done" in record:
                 return
             yield record
+
+    @staticmethod
+    def _check(answer: dict) -> dict:
+        """The actor's answer, unless it reports its worker gone."""
+        if "died" in answer:
+            raise WorkerDied(answer["died"])
+        if "lost" in answer:
+            raise SlotLost(answer["lost"])
+        return answer
 
     @staticmethod
     def _get(ref, timeout: float):

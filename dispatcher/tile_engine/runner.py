@@ -9,7 +9,8 @@ dispatcher.tile_engine.worker` process (`WorkerProcess`), started here or on
 another host. A kernel that crashes that process or makes it hang fails its
 remaining rows with the reason (`WorkerDied`); the slot starts a new worker
 and takes the next kernel. A slot whose worker is lost for a reason that is
-not the kernel's (`SlotLost`: a Ray actor or node died) puts the kernel's
+not the kernel's (`SlotLost`: the worker process SIGKILLed by someone else,
+as the OOM killer does; a Ray actor or node died) puts the kernel's
 unmeasured problems back on the queue once, for a fresh worker, and fails
 them with the reason the second time. A slot that cannot open a worker
 retires; when the last one does, what is left on the queue fails.
@@ -21,6 +22,7 @@ import collections
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -35,8 +37,9 @@ class WorkerDied(Exception):
 
 
 class SlotLost(Exception):
-    """The slot's worker is gone for a reason outside the kernel (its actor,
-    process or host died): its remaining rows are retried once."""
+    """The slot's worker is gone for a reason outside the kernel (its actor
+    or host died, its process was SIGKILLed): its remaining rows are
+    retried once."""
 
 
 class WorkerProcess:
@@ -70,8 +73,11 @@ class WorkerProcess:
             raise WorkerDied(f"timed out after {timeout:g} s") from None
         if line is None:
             code = self.proc.wait()
-            reason = f"worker crashed (signal {-code})" if code < 0 else f"worker exited with code {code}"
             self.proc = None
+            if code == -signal.SIGKILL:  # not the kernel's doing (timeouts are caught above)
+                raise SlotLost("worker process killed (signal 9) from outside the sweep "
+                               "(the OOM killer, a user)")
+            reason = f"worker crashed (signal {-code})" if code < 0 else f"worker exited with code {code}"
             raise WorkerDied(reason)
         return json.loads(line)
 
