@@ -22,7 +22,7 @@ from dispatcher.build import BuildCache
 from dispatcher.tile_engine import engine, executors, results, runner
 from dispatcher.verify import poison, reference
 
-from conftest import wait_until
+from conftest import assert_each_measured_once, reaped, wait_until
 
 KERNELS = [dispatcher.KernelConfig.create(tile_m=12 * i, tile_n=32, tile_k=32) for i in range(1, 5)]
 PROBLEMS = 3
@@ -229,20 +229,13 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_problems_measured_once
         proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "sweep", str(cfg), "--problems", str(probs),
                                  "--quiet", "--json", "--repeat", "2000", "--out", str(out)],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
+    with reaped(proc):
         wait_until(lambda: len(results.read(out)) >= 2 and _worker_pids(proc.pid), [proc], 300,
                    "two rows and a running worker", log)
         before = results.read(out)
         os.kill(_worker_pids(proc.pid)[0], signal.SIGKILL)
         stdout, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
     assert proc.returncode == 0, log.read_text()
-    rows = results.read(out)
-    keys = [(r["kernel"], r["problem_idx"]) for r in rows]
-    assert len(keys) == len(set(keys)) == 4 * 2 and rows[:len(before)] == before
-    assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
+    assert_each_measured_once(results.read(out), before, 4 * 2)
     assert "killed (signal 9)" in log.read_text() and "back on the queue" in log.read_text()
     assert json.loads(stdout)["failed_rows"] == 0
