@@ -78,14 +78,14 @@ class SlotActor:
             self._install(kernel, sha256, library[0])
         except (CacheError, RayError, OSError) as e:
             return {"died": f"library transfer: {type(e).__name__}: {e}"}
-        try:
-            if self.worker.proc is None:
-                self.worker.start()
-        except WorkerDied as e:
-            return {"died": str(e)}
-        except SlotLost as e:
-            return {"lost": str(e)}
-        self.rows = self.worker.run(kernel, timeout)
+        answer = _reported(self._start_worker)
+        if not answer:
+            self.rows = self.worker.run(kernel, timeout)
+        return answer
+
+    def _start_worker(self) -> dict:
+        if self.worker.proc is None:
+            self.worker.start()
         return {}
 
     def _install(self, kernel: dict, sha256: str, ref):
@@ -102,14 +102,7 @@ class SlotActor:
     def next(self) -> dict:
         """The next row, {"done": True} after the kernel's last, or {"died"
         or "lost": reason} as `begin`."""
-        try:
-            return next(self.rows)
-        except StopIteration:
-            return {"done": True}
-        except WorkerDied as e:
-            return {"died": str(e)}
-        except SlotLost as e:
-            return {"lost": str(e)}
+        return _reported(lambda: next(self.rows, {"done": True}))
 
     def stop(self):
         self.worker.kill()
@@ -250,6 +243,17 @@ class RayExecutor:
             ray.shutdown()
         finally:
             self._stdout_to_stderr.__exit__(None, None, None)
+
+
+def _reported(step) -> dict:
+    """step()'s answer, or how the worker went: {"died": reason} (its
+    kernel's fault: the rows fail) or {"lost": reason} (not: they are retried)."""
+    try:
+        return step()
+    except WorkerDied as e:
+        return {"died": str(e)}
+    except SlotLost as e:
+        return {"lost": str(e)}
 
 
 def _first_line(error) -> str:
