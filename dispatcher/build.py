@@ -13,7 +13,9 @@ recomputed, is a corrupt entry too. A corrupt entry is moved aside to
 it again first (so an entry another process has just rebuilt is never
 moved); only the newest few moved-aside copies are kept. `prune` takes the
 same lock. The hash each library was last found to have is remembered per
-process (`checked_sha256`): `Library` loads exactly those bytes.
+process (`checked_sha256`): `Library` loads exactly those bytes. `install`
+publishes an entry built on another host (its metadata and library bytes,
+checked against the SHA-256 its builder recorded) the same way.
 
 The cache lives in `$DISPATCHER_CACHE_DIR`, else `$XDG_CACHE_HOME/gemm-dispatcher`
 (`~/.cache/gemm-dispatcher`). Folders it creates are mode 0700 (its
@@ -183,6 +185,12 @@ def _read_entry(entry: Path, name: str | None = None):
     return BuiltLibrary(meta["name"], entry / meta["library"], entry.name, meta)
 
 
+def _write_entry(staging: Path, meta: dict, image: bytes):
+    """An entry's files, as `_compile_into` leaves them, from its parts."""
+    (staging / meta["library"]).write_bytes(image)
+    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 def _skip(entry: Path, error: CacheError):
     """on_corrupt outside the entry's lock: treat the entry as absent."""
 
@@ -254,19 +262,39 @@ class BuildCache:
         found = self._find(key, source.name, on_corrupt=_skip)
         if found:
             return found
+        return self._publish(key, source.name, lambda staging: self._compile_into(staging, source, toolchain))
+
+    def install(self, key: str, meta: dict, image: bytes) -> BuiltLibrary:
+        """Publish a library built elsewhere (another host's cache entry: its
+        `meta.json` and library bytes) under `key`, unless a sound entry is
+        already there. CacheError if `image` does not have the SHA-256 that
+        `meta` records, so bytes damaged in transit are never published."""
+        library = meta.get("library")
+        if not isinstance(library, str) or Path(library).name != library or library in ("", ".", ".."):
+            raise CacheError(f"the library received for key {key} names no plain file ({library!r}): "
+                             "not installed")
+        if hashlib.sha256(image).hexdigest() != meta.get("sha256"):
+            raise CacheError(f"the library received for kernel {meta.get('name')!r} (key {key}) does "
+                             "not have the SHA-256 its builder recorded: not installed")
+        found = self._find(key, meta["name"], on_corrupt=_skip)
+        return found or self._publish(key, meta["name"], lambda staging: _write_entry(staging, meta, image))
+
+    def _publish(self, key: str, name: str, fill) -> BuiltLibrary:
+        """The entry `key`, made by `fill(staging folder)` and renamed into
+        place under the entry's lock unless a sound one appeared meanwhile."""
         with self._lock(key):
             # checked again under the lock: another process may have rebuilt it
             # (a corrupt entry is moved aside only here, so never a sound one)
-            found = self._find(key, source.name, on_corrupt=self._set_aside)
+            found = self._find(key, name, on_corrupt=self._set_aside)
             if found:
                 return found
             staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=self.root / "tmp"))
             try:
-                self._compile_into(staging, source, toolchain)
+                fill(staging)
                 os.rename(staging, self.entry_dir(key))
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        return self.lookup(key, source.name)
+        return self.lookup(key, name)
 
     def _lock(self, key: str, timeout: float = -1) -> FileLock:
         """The per-key lock held while an entry is built, moved aside or pruned."""

@@ -225,8 +225,10 @@ def cmd_sweep(args):
     from .tile_engine import engine
     options = engine.SweepOptions(
         config=args.config, variant=args.variant, target=args.target, dtype=args.dtype,
-        layout=args.layout, out_dtype=args.out_dtype, problems=args.problems, workers=args.workers,
-        devices=args.devices, kernel_timeout=args.kernel_timeout, max_kernels=args.max_kernels,
+        layout=args.layout, out_dtype=args.out_dtype, problems=args.problems, executor=args.executor,
+        workers=args.workers, devices=args.devices, address=args.address, slots=args.slots,
+        slot_cpus=args.slot_cpus, slot_timeout=args.slot_timeout,
+        kernel_timeout=args.kernel_timeout, max_kernels=args.max_kernels,
         verify=args.verify, out=args.out, resume=args.resume,
         timing=TimingOptions(warmup=args.warmup, repeat=args.repeat, rotating=args.rotating,
                              flush_l2=not args.no_flush),
@@ -427,6 +429,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", help="benchmark workers, one per id: 0,1 (0,0: two on GPU 0); "
                                      "on the CPU each worker gets a share of the CPUs (None: every "
                                      "GPU, or one CPU worker)")
+    s.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="where builds and benchmarks run: this machine, or a Ray cluster "
+                        "(the ray extra; see docs/tile-engine.md)")
+    s.add_argument("--address", help="ray: the cluster's address (None: start one on this machine)")
+    s.add_argument("--slots", type=_at_least(0), default=0,
+                   help="ray: benchmark slots (0: one per GPU, or per --slot-cpus CPUs of each node)")
+    s.add_argument("--slot-cpus", type=_at_least(0), default=0,
+                   help="ray: CPUs a slot holds (0: cpu target, the smallest node's CPUs; GPU, 1)")
+    s.add_argument("--slot-timeout", type=_at_least(0, float), default=0.0,
+                   help="ray: seconds for a slot's actor to start before the slot retires (0: 300)")
     s.add_argument("--kernel-timeout", type=_at_least(0.1, float), default=60.0,
                    help="seconds per measurement")
     s.add_argument("--max-kernels", type=_at_least(0), default=0, help="build at most this many (0: all)")

@@ -83,3 +83,28 @@ def train_losses(model, x, y, steps: int = 5, backend=None) -> list:
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def reaped(proc):
+    """A context for a child process: killed and reaped if it is still
+    running when the block exits (a failure inside it)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=60)
+    return guard()
+
+
+def assert_each_measured_once(rows, before, count: int):
+    """Sweep rows after a kill mid-sweep: `count` distinct (kernel, problem)
+    rows, each once and ok, the rows written `before` the kill first and unchanged."""
+    keys = [(r["kernel"], r["problem_idx"]) for r in rows]
+    assert len(keys) == len(set(keys)) == count
+    assert rows[:len(before)] == before
+    assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]

@@ -25,22 +25,29 @@ from ..errors import BuildError, DispatcherError
 PARENT_POLL_SECONDS = 0.5
 
 
-def _build_one(config_dict: dict):
-    """In a pool process: (name, None) on success, (name, first error lines) on failure."""
+def build(config_dict: dict):
+    """(name, BuiltLibrary, None) on success, (name, None, first error lines)
+    on failure: one kernel into this host's build cache. Any executor's
+    build step runs this, in whatever process it builds in."""
     from ..api import Dispatcher
     config = KernelConfig.from_dict(config_dict)
     d = Dispatcher(tuning=None)
     try:
-        d.build(d.codegen(config))
-        return config.name, None
+        return config.name, d.build(d.codegen(config)), None
     except BuildError as e:
-        return config.name, str(e)
+        return config.name, None, str(e)
     except DispatcherError as e:
-        return config.name, f"{type(e).__name__}: {e}"
+        return config.name, None, f"{type(e).__name__}: {e}"
 
 
-def _exit_with(parent: int):
-    """Pool initializer: exit when the process `parent` (the sweep) is gone,
+def _build_in_pool(config_dict: dict):
+    """In a pool process: (name, cache key or None, error or None)."""
+    name, built, error = build(config_dict)
+    return name, built and built.key, error
+
+
+def exit_with_parent(parent: int):
+    """Exit when the process `parent` (the sweep, or a slot's actor) is gone,
     checked at once and then every PARENT_POLL_SECONDS by a daemon thread
     (an orphan's parent changes: it is adopted by init or a subreaper)."""
     if os.getppid() != parent:
@@ -54,22 +61,35 @@ def _watch_parent(parent: int):
     os._exit(1)
 
 
+def unique(configs) -> list:
+    """The distinct kernels of `configs`, by name."""
+    return list({c.name: c for c in configs}.values())
+
+
+def tally(outcomes, total: int, progress: bool = True):
+    """({name: cache key}, [(name, error)]) from (name, key, error) outcomes
+    as they finish, with a progress bar of `total` builds."""
+    built, failures = {}, []
+    bar = tqdm(total=total, desc="build", unit="kernel", disable=not progress, file=sys.stderr)
+    for name, key, error in outcomes:
+        if error:
+            failures.append((name, error))
+        else:
+            built[name] = key
+        bar.set_postfix(ok=len(built), failed=len(failures))
+        bar.update()
+    bar.close()
+    return built, failures
+
+
 def build_all(configs, workers: int = 0, progress: bool = True):
-    """(names built, [(name, error)]) for the distinct kernels of `configs`."""
-    unique = {c.name: c for c in configs}
+    """({name: cache key}, [(name, error)]) for the distinct kernels of
+    `configs`, built by a pool of local processes."""
+    todo = unique(configs)
     workers = workers or os.cpu_count() or 1
-    built, failures = [], []
     # spawn: each worker's parent is this process whatever the platform's
     # default start method (a forkserver would be the parent instead)
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_exit_with, initargs=(os.getpid(),)) as pool:
-        futures = [pool.submit(_build_one, c.to_dict()) for c in unique.values()]
-        bar = tqdm(total=len(futures), desc="build", unit="kernel", disable=not progress,
-                   file=sys.stderr)
-        for future in as_completed(futures):
-            name, error = future.result()
-            (failures.append((name, error)) if error else built.append(name))
-            bar.set_postfix(ok=len(built), failed=len(failures))
-            bar.update()
-        bar.close()
-    return built, failures
+                             initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
+        futures = [pool.submit(_build_in_pool, c.to_dict()) for c in todo]
+        return tally((f.result() for f in as_completed(futures)), len(futures), progress)

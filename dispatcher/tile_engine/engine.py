@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections import defaultdict
 
 import attrs
@@ -13,7 +14,7 @@ from ..plugins import get_manager
 from ..problem import GemmProblem, GroupedGemmProblem
 from ..timing import TimingOptions
 from ..tuning import TuningDatabase
-from . import builder, problems as problem_files, results, runner, sweep
+from . import executors, problems as problem_files, results, runner, sweep
 
 DEFAULT_PROBLEMS = {
     "gemm": [(512, 512, 512), (1024, 1024, 1024), (1000, 1500, 700)],
@@ -30,8 +31,13 @@ class SweepOptions:
     layout: str = "rcr"
     out_dtype: str | None = None
     problems: object = None
-    workers: int = 0
-    devices: str | None = None
+    executor: str = "local"        # executors.NAMES
+    workers: int = 0               # local: build processes
+    devices: str | None = None     # local: benchmark slots
+    address: str | None = None     # ray: the cluster (None: start one here)
+    slots: int = 0                 # ray: benchmark slots (0: every GPU, or every node's CPUs)
+    slot_cpus: int = 0             # ray: CPUs of a slot
+    slot_timeout: float = 0.0      # ray: seconds for a slot's actor to start (0: the default)
     kernel_timeout: float = 60.0
     max_kernels: int = 0
     verify: bool = False
@@ -61,23 +67,13 @@ def run(o: SweepOptions) -> dict:
         raise DispatcherError(f"{o.out} already holds {len(done)} measurement(s); "
                               "add --resume to continue that sweep, or choose another --out")
 
-    built, build_failures = builder.build_all(plan.configs, o.workers, o.progress)
-    for name, error in build_failures:
-        say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
-    configs = [c for c in plan.configs if c.name in set(built)]
-    if not configs:
-        raise DispatcherError("no kernel of the sweep was built")
-
-    devices = runner.parse_devices(o.devices, o.target)
-    writer = results.ResultWriter(o.out, kind, o.target)
-    todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
-    header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
-              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
-              "timing": attrs.asdict(o.timing)}
+    started = time.perf_counter()
+    executor = executors.create(o)
+    seconds = {"executor": time.perf_counter() - started}  # wall time of each phase
     try:
-        rows = runner.benchmark(configs, header, devices, o.kernel_timeout, writer, todo, o.progress)
+        rows, configs, build_failures, writer = measure(executor, plan, probs, done, o, kind, seconds)
     finally:
-        writer.close()
+        executor.close()
     if done:
         say(f"resume: skipped {len(done)} measurement(s) already in {writer.csv_path}")
 
@@ -85,10 +81,37 @@ def run(o: SweepOptions) -> dict:
     failed = [r for r in rows if r["status"] != "ok"]
     summary = {"kernels": len(plan.configs), "filtered": len(plan.filtered), "built": len(configs),
                "build_failed": len(build_failures), "measured": len(rows), "failed_rows": len(failed),
-               "winners": winners, "csv": str(writer.csv_path)}
+               "winners": winners, "csv": str(writer.csv_path),
+               "seconds": {phase: round(t, 3) for phase, t in seconds.items()}}
     for r in failed:
         say(f"  {r['status']}: {r['kernel']} problem {r['problem_idx']}: {r.get('reason', '')}")
     return summary
+
+
+def measure(executor, plan, probs, done, o: SweepOptions, kind: str, seconds: dict):
+    """Build and benchmark on `executor`: (rows, configs built, build failures,
+    writer); `seconds` gets the wall time of each phase."""
+    started = time.perf_counter()
+    keys, build_failures = executor.build(plan.configs, o.progress)
+    seconds["build"] = time.perf_counter() - started
+    for name, error in build_failures:
+        say(f"build FAILED {name}:\n  " + "\n  ".join(error.splitlines()[:6]))
+    configs = [c for c in plan.configs if c.name in keys]
+    if not configs:
+        raise DispatcherError("no kernel of the sweep was built")
+    writer = results.ResultWriter(o.out, kind, o.target)
+    todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
+    header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
+              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
+              "timing": attrs.asdict(o.timing)}
+    try:
+        started = time.perf_counter()
+        rows = runner.benchmark(configs, keys, todo, executor.slots(header), o.kernel_timeout, writer,
+                                o.progress)
+        seconds["benchmark"] = time.perf_counter() - started
+    finally:
+        writer.close()
+    return rows, configs, build_failures, writer
 
 
 def problem_record(shape, o: SweepOptions, kind: str):

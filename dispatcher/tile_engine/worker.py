@@ -1,8 +1,10 @@
 """A disposable benchmark worker: `python -m dispatcher.tile_engine.worker`.
 
 Reads a header line (target, variant, dtypes, layout, problems, timing,
-verify) on stdin, then one kernel config per line. For each kernel it loads
-the already-built library (never builds), and for each problem runs it on
+verify, device label) on stdin, then one kernel per line: `{"config": ...,
+"key": build-cache key, "problems": [problem indices]}`. For each kernel it
+loads the library already in this host's build cache under that key (never
+builds, and needs no compiler), and for each of those problems runs it on
 poisoned outputs, verifies against a float64 reference if asked, times it,
 and prints one JSON line; then `{"done": name}`. A kernel that crashes or
 hangs takes only this process down: the parent marks its row failed and
@@ -16,6 +18,8 @@ import os
 import sys
 
 import numpy as np
+
+from . import builder
 
 
 def _log(record):
@@ -37,11 +41,10 @@ class Bench:
         self.device = header.get("device", "")
         self.prepared = {}
 
-    def library(self, config):
-        """The cached library of `config`, or an error: workers never build."""
+    def library(self, config, key: str):
+        """The library of `config` cached under `key`, or an error: workers never build."""
         from ..library import Library
-        source = self.d.codegen(config)
-        built = self.d.cache.lookup(self.d.cache.key(source, self.target.toolchain(config)), config.name)
+        built = self.d.cache.lookup(key, config.name)
         if built is None:
             raise RuntimeError("not built (run the build phase first)")
         return Library(built.path, expected_name=config.name, config=config)
@@ -115,20 +118,23 @@ class Bench:
 
 def main():
     _pin_cpus()
+    # a kernel that hangs never reads the closed stdin of a dead parent: watch it
+    builder.exit_with_parent(int(os.environ.get("DISPATCHER_WORKER_PARENT", os.getppid())))
     from ..config import KernelConfig
     bench = Bench(json.loads(sys.stdin.readline()))
     _log({"ready": True})
     for line in sys.stdin:
-        config = KernelConfig.from_dict(json.loads(line))
+        kernel = json.loads(line)
+        config = KernelConfig.from_dict(kernel["config"])
         try:
-            library = bench.library(config)
+            library = bench.library(config, kernel["key"])
         except Exception as e:
-            for idx in range(len(bench.h["problems"])):
+            for idx in kernel["problems"]:
                 _log({"kernel": config.name, "problem_idx": idx, "status": "failed",
                       "reason": f"load: {type(e).__name__}: {e}"})
             _log({"done": config.name})
             continue
-        for idx in bench.h["todo"].get(config.name, range(len(bench.h["problems"]))):
+        for idx in kernel["problems"]:
             try:
                 _log(bench.measure(config, library, idx))
             except Exception as e:

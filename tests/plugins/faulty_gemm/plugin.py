@@ -1,7 +1,8 @@
 """Variant `faulty`: a correct data-parallel GEMM, unless its `behaviour`
-option makes it segfault, hang, write one wrong value or return status -2.
-Its default configs: an `unsupported` kernel that the occupancy model ranks
-first on small problems (smaller tile), then an `ok` one."""
+option makes it segfault, hang, write one wrong value, run slowly (right
+results, many times the time: a kernel no sweep should pick) or return status
+-2. Its default configs: an `unsupported` kernel that the occupancy model
+ranks first on small problems (smaller tile), then an `ok` one."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
 from dispatcher.records import Option, VariantRecord
 
-BEHAVIOURS = ("ok", "segfault", "hang", "wrong", "unsupported")
+BEHAVIOURS = ("ok", "segfault", "hang", "wrong", "slow", "unsupported")
 DEFAULTS = (dict(tile_m=48, tile_n=64, tile_k=64, behaviour="unsupported"),
             dict(tile_m=96, tile_n=128, tile_k=64, behaviour="ok"))
 
