@@ -74,7 +74,8 @@ class Dispatcher:
             raise ConfigError(f"config must be a KernelConfig or a dict of config fields, "
                               f"got {type(fields).__name__}")
         base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
-                    dtype_c=problem.out_dtype, layout=problem.layout)
+                    dtype_c=problem.out_dtype, layout=problem.layout,
+                    **_fixed_fields(problem))
         return self.config_matching(problem, KernelConfig.create(**{**base, **fields}))
 
     def select(self, problem) -> KernelConfig:
@@ -186,7 +187,17 @@ class Dispatcher:
             if getattr(config, field) != want:
                 raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
                                   f"but the problem needs {want!r}")
+        for field, want in _fixed_fields(problem).items():
+            if config.variant_params.get(field) != want:
+                raise ConfigError(f"config {config.name} has {field} "
+                                  f"{config.variant_params.get(field)!r} but the problem needs {want!r}")
         return config
+
+
+def _fixed_fields(problem) -> dict:
+    """Variant-block values a problem of a declared kind fixes (its fused
+    epilogue: `kinds.KindProblem.config_fields`); none for other problems."""
+    return getattr(problem, "config_fields", {})
 
 
 _DEFAULT: Dispatcher | None = None

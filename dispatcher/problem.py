@@ -69,7 +69,13 @@ class GroupedGemmProblem:
 
 @attrs.define
 class GemmOperands:
-    """Buffers of one problem; C is written in place (row-major)."""
+    """Buffers of one problem; C is written in place (row-major). The fields
+    after `beta` are the argument block of batched and declared problem
+    kinds (`dispatcher.kinds`): `a`/`b`/`c` are then the first batch's
+    matrices, batch strides are in elements (0 = broadcast), `extra` holds
+    (array, row stride, col stride, batch stride) per extra operand in the
+    variant's declared order, `params` its scalar parameters, and
+    `transposed` says the core computes C^T = B^T A^T."""
 
     a: np.ndarray
     b: np.ndarray
@@ -79,6 +85,15 @@ class GemmOperands:
     ldc: int
     alpha: float = 1.0
     beta: float = 0.0
+    batch: int = 1
+    batch_stride_a: int = 0
+    batch_stride_b: int = 0
+    batch_stride_c: int = 0
+    scale_a: float = 1.0
+    scale_b: float = 1.0
+    extra: tuple = ()
+    params: tuple = ()
+    transposed: bool = False
 
 
 @attrs.define

@@ -126,6 +126,14 @@ class VariantRecord:
         may be combined from (stream-K, split-K); scales the tolerance.
     fallback: the variant `dispatcher.gemm` retries with when a kernel of
         this one returns status -2 (unless the caller is strict).
+    operands: the problem kind as data (`dispatcher.kinds.Operand`s: a, b,
+        out and any extra operands such as a bias); a variant that declares
+        them runs through `dispatcher.run(variant, **operands, **params)`.
+    params: its scalar parameters (`dispatcher.kinds.Param`s), passed to
+        the kernel in `dispatcher_gemm_args.params`, in this order.
+    problem_options: {extra operand name: (row, col, batch) strides in
+        elements, or None if not given} -> variant-block values the call
+        fixes (e.g. the fused bias's orientation); may raise ProblemError.
     """
 
     name: str
@@ -142,3 +150,6 @@ class VariantRecord:
     partial_sums: Callable[[Any], int] = lambda config: 1
     description: str = ""
     provider: str = ""
+    operands: tuple = ()
+    params: tuple = ()
+    problem_options: Callable[[dict], dict] = lambda extras: {}

@@ -12,10 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.codegen import render
-from dispatcher.hookspecs import hookimpl
 from dispatcher.library import GroupedCall, LaunchResult
-from dispatcher.records import VariantRecord
+from dispatcher.plugin_api import VariantRecord, for_variant, registers, renders
 from dispatcher.workspace import WORKSPACES
 
 VARIANT = "grouped"
@@ -54,22 +52,12 @@ RECORD = VariantRecord(
 )
 
 
-@hookimpl
-def dispatcher_register_variants():
-    return [RECORD]
+dispatcher_register_variants = registers(RECORD)
+dispatcher_codegen = renders(VARIANT, HERE)
 
 
-@hookimpl
-def dispatcher_codegen(config, target):
-    if config.variant != VARIANT:
-        return None
-    return render(HERE, config, target)
-
-
-@hookimpl
+@for_variant(VARIANT)
 def dispatcher_launch(library, problem, operands, options):
-    if problem.variant != VARIANT:
-        return None
     stream = options.get("stream", 0)
     call = GroupedCall(operands, stream=stream)
     WORKSPACES.attach(library, call.args, stream)

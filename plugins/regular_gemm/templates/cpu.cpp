@@ -2,10 +2,11 @@
 ${prelude}
 namespace {
 using T = KernelTraits;
+using Epi = dcpu::Epilogue<dcpu::Bias::${bias}, dcpu::Activation::${activation}>;
 
 int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
-        dcpu::Problem<T> P = dcpu::make_problem<T>(args);
+        dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers);
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
@@ -14,7 +15,7 @@ int run(const dispatcher_gemm_args* args) {
         // bound to their cores keep those panels in their own caches.
         dcpu::RegionErrors errors;
 #pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { dcpu::compute_tile<T>(P, t); });
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { dcpu::compute_tile<T, Epi>(P, t); });
         errors.rethrow();
         return DISPATCHER_OK;
     });

@@ -3,17 +3,14 @@
 ${prelude}
 namespace {
 using T = KernelTraits;
-using C = dcuda::Collectives<T, T::MainloopSchedule, T::EpilogueSchedule, T::LayoutA, T::LayoutB, T::LayoutC>;
+using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
+using C = dcuda::Collectives<T, T::MainloopSchedule, T::EpilogueSchedule, T::LayoutA, T::LayoutB, T::LayoutC, Epi>;
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
                                                         C::Mainloop, C::Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 int run(const dispatcher_gemm_args* a) {
-    return dcuda::guarded([&] {
-        dcuda::check_args<T>(a);
-        auto arguments = dcuda::gemm_arguments<Gemm, T>(a);
-        return dcuda::run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
-    });
+    return dcuda::guarded([&] { return dcuda::run_universal<Gemm, T, Epi>(a); });
 }
 
 const dispatcher_registry_entry kRegistry[] = {{KERNEL_NAME, &run}};
