@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from . import targets
 from .codegen import render
 from .epilogue import BIAS
 from .epilogue import OPTIONS as EPILOGUE_OPTIONS
@@ -28,7 +29,7 @@ from .library import LaunchResult, gemm_args
 from .records import WORKERS, Option, VariantRecord
 
 __all__ = ["BIAS", "EPILOGUE_OPTIONS", "LaunchResult", "Operand", "Option", "Param", "VariantRecord",
-           "WORKERS", "epilogue_problem_options", "epilogue_suffix", "for_variant", "gemm_args",
+           "WORKERS", "configs_per_target", "epilogue_problem_options", "epilogue_suffix", "for_variant", "gemm_args",
            "gemm_operands", "hookimpl", "launches_gemm", "registers", "render", "renders"]
 
 def for_variant(variant: str, **hookimpl_options):
@@ -81,3 +82,13 @@ def launches_gemm(variant: str, registry: bool = False):
         library.run_gemm(args, entry)
         return LaunchResult(library.name)
     return dispatcher_launch
+
+
+def configs_per_target(**configs):
+    """A `VariantRecord.default_configs` from tuples of config dicts per
+    target name (`cpu=(...), cuda=(...)`); a config without `tile_k` takes
+    its target's `default_tile_k(dtype)`."""
+    def default_configs(target, dtype, layout):
+        return [dict(c) if "tile_k" in c else dict(c, tile_k=targets.get(target).default_tile_k(dtype))
+                for c in configs.get(target, ())]
+    return default_configs

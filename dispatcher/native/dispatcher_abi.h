@@ -148,6 +148,13 @@ int guarded(Body&& body) {
     extern "C" DISPATCHER_EXPORT const char* dispatcher_last_error(void) {      \
         return dispatcher_abi::last_error().c_str();                            \
     }
+
+/* ... and those of a single-problem library whose entry point is RUN. */
+#define DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME_STRING, RUN)                 \
+    DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME_STRING)                        \
+    extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) { \
+        return RUN(args);                                                       \
+    }
 #endif
 
 #endif /* GEMM_DISPATCHER_ABI_H */

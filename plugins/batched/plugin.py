@@ -9,30 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher import dtypes, targets
+from dispatcher import dtypes
 from dispatcher.plugin_api import (BIAS, EPILOGUE_OPTIONS, WORKERS, VariantRecord,
-                                   epilogue_problem_options, epilogue_suffix, gemm_operands,
-                                   launches_gemm, registers, renders)
+                                   configs_per_target, epilogue_problem_options, epilogue_suffix,
+                                   gemm_operands, launches_gemm, registers, renders)
 
 VARIANT = "batched"
 
-# Each batch is usually small, so the tiles are too; one parallel loop runs
-# over the tiles of every batch.
-CPU_DEFAULTS = (
-    dict(tile_m=96, tile_n=128, tile_k=256),
-    dict(tile_m=48, tile_n=64, tile_k=256),
+# Each batch is usually small, so the CPU tiles are too; one parallel loop
+# runs over the tiles of every batch. On the GPU the large cooperative tile
+# for throughput and a smaller one for batches of small matrices.
+DEFAULT_CONFIGS = configs_per_target(
+    cpu=(dict(tile_m=96, tile_n=128, tile_k=256), dict(tile_m=48, tile_n=64, tile_k=256)),
+    cuda=(dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
+          dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="cooperative")),
 )
-
-CUDA_DEFAULTS = (
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
-    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="cooperative"),
-)
-
-
-def default_configs(target, dtype, layout):
-    if target == "cuda":
-        return [dict(d, tile_k=targets.get(target).default_tile_k(dtype)) for d in CUDA_DEFAULTS]
-    return list(CPU_DEFAULTS) if target == "cpu" else []
 
 
 RECORD = VariantRecord(
@@ -44,7 +35,7 @@ RECORD = VariantRecord(
     options=EPILOGUE_OPTIONS,
     launch_options=(WORKERS,),
     name_suffix=lambda opts: "_batched" + epilogue_suffix(opts),
-    default_configs=default_configs,
+    default_configs=DEFAULT_CONFIGS,
     operands=(*gemm_operands(batched=True), BIAS),
     problem_options=epilogue_problem_options,
     description="strided-batched GEMM (numpy matmul broadcasting), fused bias and activation",

@@ -267,6 +267,17 @@ class RegionErrors {
     std::exception_ptr first_;
 };
 
+// work(t) for t in [0, tiles) on `threads` OpenMP threads, each a contiguous
+// run of t (so consecutive tiles of one column share a packed B panel),
+// threads bound to their cores; the first exception is rethrown after.
+template <class Work>
+void parallel_tiles(int threads, int64_t tiles, Work&& work) {
+    RegionErrors errors;
+#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
+    for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+    errors.rethrow();
+}
+
 inline int thread_count(int compiled, int32_t requested) {
     if (requested > 0) return requested;
     if (compiled > 0) return compiled;

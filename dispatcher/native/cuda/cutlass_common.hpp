@@ -93,6 +93,18 @@ struct Collectives {
         typename T::ClusterShape, Stages, MainloopSchedule>::CollectiveOp;
 };
 
+// A GemmUniversal over problem shape (M, N, K, L) with the traits' schedules
+// and fused epilogue `Epi`, and tile scheduler `Scheduler` (void: the
+// persistent data-parallel one).
+template <class T, class Epi = PlainEpilogue, class Scheduler = void>
+using UniversalGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>,
+    typename Collectives<T, typename T::MainloopSchedule, typename T::EpilogueSchedule, typename T::LayoutA,
+                         typename T::LayoutB, typename T::LayoutC, Epi>::Mainloop,
+    typename Collectives<T, typename T::MainloopSchedule, typename T::EpilogueSchedule, typename T::LayoutA,
+                         typename T::LayoutB, typename T::LayoutC, Epi>::Epilogue,
+    Scheduler>>;
+
 // A CUTLASS stride whose one dynamic leading mode holds `ld` (elements).
 template <class Stride>
 Stride stride_with_ld(int64_t ld) {

@@ -11,22 +11,14 @@ int run(const dispatcher_gemm_args* args) {
         const dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t per_batch = P.tiles(), tiles = per_batch * P.batch;
         const int threads = dcpu::thread_count(T::threads, args->workers);
-        dcpu::RegionErrors errors;
-#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t)
-            errors.run([&] {
-                dcpu::Problem<T> one = P.at(t / per_batch);
-                one.reuse_b_panels = tiles >= 2 * threads;
-                dcpu::compute_tile<T, Epi>(one, t % per_batch);
-            });
-        errors.rethrow();
+        dcpu::parallel_tiles(threads, tiles, [&](int64_t t) {
+            dcpu::Problem<T> one = P.at(t / per_batch);
+            one.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
+            dcpu::compute_tile<T, Epi>(one, t % per_batch);
+        });
         return DISPATCHER_OK;
     });
 }
 }  // namespace
 
-DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
-
-extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) {
-    return run(args);
-}
+DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)

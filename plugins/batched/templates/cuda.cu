@@ -5,10 +5,7 @@ ${prelude}
 namespace {
 using T = KernelTraits;
 using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
-using C = dcuda::Collectives<T, T::MainloopSchedule, T::EpilogueSchedule, T::LayoutA, T::LayoutB, T::LayoutC, Epi>;
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                                        C::Mainloop, C::Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using Gemm = dcuda::UniversalGemm<T, Epi>;
 
 int run(const dispatcher_gemm_args* a) {
     return dcuda::guarded([&] { return dcuda::run_universal<Gemm, T, Epi>(a); });
@@ -16,6 +13,4 @@ int run(const dispatcher_gemm_args* a) {
 
 }  // namespace
 
-DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
-
-extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) { return run(args); }
+DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)
