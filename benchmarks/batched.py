@@ -19,6 +19,7 @@ Writes benchmarks/results/batched_{cpu,cuda}.json and a .png plot of the ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -61,8 +62,8 @@ def cpu(args) -> dict:
         print(f"{batch}x{m}x{n}x{k}: {row['speedup']:.2f}x numpy "
               f"({row['dispatcher_gflops']:.1f} vs {row['numpy_gflops']:.1f} GFLOP/s)", flush=True)
         rows.append(row)
-    return dict(environment=environment(), rows=rows, geomean_speedup=geomean(r["speedup"] for r in rows),
-                target=1.5)
+    return dict(environment=dict(environment(), load_average=os.getloadavg()), rows=rows,
+                geomean_speedup=geomean(r["speedup"] for r in rows), target=1.5)
 
 
 def cuda(args) -> dict:

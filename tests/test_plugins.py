@@ -164,3 +164,38 @@ def test_out_of_tree_plugin_with_its_own_problem_kind(tmp_path):
     lines = [l for l in (ROOT / "examples" / "residual_gemm_plugin" / "residual_gemm" / "plugin.py")
              .read_text().splitlines()]
     assert len(lines) <= 150
+
+
+def test_plugin_api_skeleton_and_template_lookup(tmp_path):
+    """for_variant answers for its variant only; render finds one template
+    per target, a named one among several, or a folder whose main file is
+    compiled and whose headers travel with it; ambiguity is an error."""
+    import types
+
+    from dispatcher.codegen import render
+    from dispatcher.errors import ConfigError
+    from dispatcher.plugin_api import for_variant
+
+    @for_variant("mine")
+    def dispatcher_codegen(config, target):
+        return "answered"
+
+    assert dispatcher_codegen(types.SimpleNamespace(variant="mine"), None) == "answered"
+    assert dispatcher_codegen(config=types.SimpleNamespace(variant="other"), target=None) is None
+
+    config = types.SimpleNamespace(variant="mine", name="k1", variant_params={"bias": "row"})
+    target = types.SimpleNamespace(name="cpu", prelude=lambda c: "// prelude")
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "cpu.cpp").write_text("${prelude} plain ${bias}")
+    (templates / "cpu-fast.cpp").write_text("${prelude} fast ${extra}")
+    assert render(tmp_path, config, target).files == (("k1.cpp", "// prelude plain row"),)
+    assert render(tmp_path, config, target, template="fast", extra=7).files[0][1] == "// prelude fast 7"
+    (templates / "cpu.cc").write_text("")
+    with pytest.raises(ConfigError, match="several template"):
+        render(tmp_path, config, target)
+    (templates / "cpu").mkdir()
+    (templates / "cpu" / "main.cpp").write_text('#include "helpers.hpp"\n${prelude}')
+    (templates / "cpu" / "helpers.hpp").write_text("// ${bias} helpers")
+    assert render(tmp_path, config, target).files == (
+        ("k1.cpp", '#include "helpers.hpp"\n// prelude'), ("helpers.hpp", "// row helpers"))
