@@ -160,3 +160,13 @@ def test_zero_sizes(rng):
     assert dispatcher.matmul(a, b).shape == (0, 4, 5)
     out = dispatcher.matmul(np.ones((2, 4, 0), np.float32), np.ones((0, 5), np.float32))
     assert out.shape == (2, 4, 5) and not out.any()
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [((80, 13, 9), (80, 9, 11)), ((40, 50, 33), (33, 70))])
+def test_many_tiles_on_two_workers(shape_a, shape_b, rng):
+    """Enough tiles for the dynamic schedule and the prefetch of each next tile."""
+    a, b = batch_of(shape_a, "fp16", rng), batch_of(shape_b, "fp16", rng)
+    bias = random_matrix(shape_a[-2], 1, "fp16", "r", rng)
+    out = poisoned(a.shape[:-1] + b.shape[-1:], "fp16")
+    dispatcher.matmul(a, b, out=out, bias=bias, activation="silu", config=SMALL, options={"workers": 2})
+    assert close(out, ref(a, b, bias, "silu"), "fp16", shape_a[-1])

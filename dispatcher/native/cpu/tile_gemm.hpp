@@ -148,6 +148,12 @@ static inline S activate(S x) {
     return x;
 }
 
+// Memory a kernel asks to be prefetched.
+struct Region {  // `rows` runs of `bytes` bytes, `stride` bytes apart
+    const char* base = nullptr;
+    int64_t rows = 0, bytes = 0, stride = 0;
+};
+
 // One problem as the kernel sees it: C is row-major with leading dim ldc.
 template <class T>
 struct Problem {
@@ -164,6 +170,10 @@ struct Problem {
     int64_t batch_index = 0;                                       // which batch this is
     const dispatcher_operand* extra = nullptr;                     // extra operands
     int32_t extra_count = 0;
+    // The source of the tile this thread computes next (its first K block),
+    // prefetched during this tile's last K block (set by a schedule that
+    // knows it, e.g. batches of small matrices: `prefetch_next_tile`).
+    Region after_a, after_b;
 
     int64_t tiles_m() const { return (m + T::MC - 1) / T::MC; }
     int64_t tiles_n() const { return (n + T::NC - 1) / T::NC; }
@@ -267,14 +277,21 @@ class RegionErrors {
     std::exception_ptr first_;
 };
 
-// work(t) for t in [0, tiles) on `threads` OpenMP threads, each a contiguous
-// run of t (so consecutive tiles of one column share a packed B panel),
-// threads bound to their cores; the first exception is rethrown after.
+// work(t) for t in [0, tiles) on `threads` OpenMP threads bound to their
+// cores; the first exception is rethrown after. chunk 0: each thread one
+// contiguous run of t (consecutive tiles of one column share a packed B
+// panel); else runs of `chunk` tiles handed out as threads finish, so a
+// thread on a core shared with other work takes fewer.
 template <class Work>
-void parallel_tiles(int threads, int64_t tiles, Work&& work) {
+void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0) {
     RegionErrors errors;
+    if (chunk > 0) {
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) proc_bind(close)
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+    } else {
 #pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-    for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+    }
     errors.rethrow();
 }
 
@@ -450,11 +467,6 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typenam
 // problems (measured: 64x64x262144 fp32 spends half its time packing). While
 // one K block computes, the micro-kernel requests the next block's source
 // lines into L2, one line per k step, so the next packing reads from cache.
-struct Region {  // `rows` runs of `bytes` bytes, `stride` bytes apart
-    const char* base = nullptr;
-    int64_t rows = 0, bytes = 0, stride = 0;
-};
-
 class LinePrefetcher {
   public:
     static constexpr int64_t kLine = 64;
@@ -547,7 +559,7 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
         const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
-        LinePrefetcher prefetch;
+        LinePrefetcher prefetch(P.after_a, P.after_b);
         if (const int64_t next = kb + T::KC; next < k1) {
             const int next_kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - next));
             prefetch = LinePrefetcher(block_region(P.a, P.lda, T::a_row, i0, mc, next, next_kc),
@@ -638,6 +650,17 @@ TileCoord tile_coord(const Problem<T>& P, int64_t tile) {
     t.mc = static_cast<int>(std::min<int64_t>(T::MC, P.m - t.i0));
     t.nc = static_cast<int>(std::min<int64_t>(T::NC, P.n - t.j0));
     return t;
+}
+
+// Have P's last K block prefetch the first K block of tile `tile` of `next`
+// (the tile this thread computes after P's): small matrices have one K block,
+// so nothing else hides the memory latency of packing the next one.
+template <class T>
+void prefetch_next_tile(Problem<T>& P, const Problem<T>& next, int64_t tile) {
+    const TileCoord t = tile_coord(next, tile);
+    const int64_t kc = std::min<int64_t>(T::KC, next.k);
+    P.after_a = block_region(next.a, next.lda, T::a_row, t.i0, t.mc, 0, kc);
+    P.after_b = block_region(next.b, next.ldb, T::b_row, 0, kc, t.j0, t.nc);
 }
 
 // One whole output block: all of K, then the epilogue.
