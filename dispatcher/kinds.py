@@ -24,6 +24,8 @@ from . import dtypes
 from .errors import DtypeError, ProblemError
 from .problem import (ArraySpec, GemmOperands, _check_exact_accumulation, _check_no_alias,
                       _same_input_dtype, _scalar, possible_layouts)
+from .library import data_pointer
+
 
 @attrs.frozen
 class Operand:
@@ -180,7 +182,7 @@ def _tensor(x, operand: Operand, sizes: dict, batch_shape: tuple, broadcast: boo
             raise ProblemError(f"{what} has batch dims {lead} that do not broadcast to {batch_shape}")
         batch.append(0 if have == 1 else stride)
     row_stride, col_stride = (0 if have == 1 else s for have, s in zip(shape[-2:], strides[-2:]))
-    return _Tensor(_pointer(x), x.dtype.itemsize, tuple(batch), rows, cols, row_stride, col_stride)
+    return _Tensor(data_pointer(x), x.dtype.itemsize, tuple(batch), rows, cols, row_stride, col_stride)
 
 
 def _collapse(batch_shape: tuple, tensors: list) -> tuple:
@@ -309,11 +311,6 @@ def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None
             Matrix(C.at(index, outer_dims), (m, n)), lda, ldb, ldc, scalars["alpha"], 0.0, count,
             *strides[:3], scalars["scale_a"], scalars["scale_b"], extra, values, transposed))
     return Prepared(problem, tuple(launches), result, False)
-
-
-def _pointer(x) -> int:
-    from .library import data_pointer
-    return data_pointer(x)
 
 
 def _options(record, choices: dict, extras: dict) -> dict:

@@ -131,9 +131,10 @@ class VariantRecord:
         them runs through `dispatcher.run(variant, **operands, **params)`.
     params: its scalar parameters (`dispatcher.kinds.Param`s), passed to
         the kernel in `dispatcher_gemm_args.params`, in this order.
-    problem_options: {extra operand name: (row, col, batch) strides in
-        elements, or None if not given} -> variant-block values the call
-        fixes (e.g. the fused bias's orientation); may raise ProblemError.
+    problem_options: {extra operand name: its (row, col) strides in
+        elements as the kernel reads it, 0 = broadcast, or None if not
+        given} -> variant-block values the call fixes (e.g. the fused
+        bias's orientation); may raise ProblemError.
     """
 
     name: str
