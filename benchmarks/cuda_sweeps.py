@@ -83,16 +83,39 @@ def test_configs():
     return out
 
 
+def batched_configs():
+    """What tests/test_batched_gpu.py and `benchmarks/batched.py --cuda` run:
+    the tests' explicit tiles per epilogue, and the default configs the
+    benchmark's selection picks from (batched bf16 plain, regular bf16 +
+    per-column bias + GELU; row-major operands: layout rrr)."""
+    from dispatcher.plugins import get_manager
+
+    tile = dict(target="cuda", tile_m=128, tile_n=128, cluster_m=1)
+    out = [KernelConfig.create(variant="batched", dtype="bf16", layout="rrr", tile_k=64, **tile),
+           KernelConfig.create(variant="regular", dtype="fp8_e4m3", layout="rcr", tile_k=128, bias="col",
+                               activation="relu", **tile)]
+    for variant, bias, activation in (("regular", "col", "gelu"), ("regular", "row", "relu"),
+                                      ("regular", "col", "silu"), ("regular", "row", "none"),
+                                      ("batched", "col", "none"), ("batched", "row", "gelu")):
+        out.append(KernelConfig.create(variant=variant, dtype="bf16", layout="rrr", tile_k=64, bias=bias,
+                                       activation=activation, **tile))
+    for variant, epilogue in (("batched", {}), ("regular", dict(bias="col", activation="gelu"))):
+        for fields in get_manager().variant(variant).default_configs("cuda", "bf16", "rrr"):
+            out.append(KernelConfig.create(variant=variant, target="cuda", dtype="bf16", layout="rrr",
+                                           **fields, **epilogue))
+    return list({c.name: c for c in out}.values())
+
+
 def smoke():
     return [c for c in regular_sweep()[:1] + stream_k_sweep()[:2] + grouped_sweep()[:1]]
 
 
 def everything():
     seen = {}
-    for c in test_configs() + regular_sweep() + stream_k_sweep() + grouped_sweep():
+    for c in test_configs() + batched_configs() + regular_sweep() + stream_k_sweep() + grouped_sweep():
         seen[c.name] = c
     return list(seen.values())
 
 
-SETS = {"smoke": smoke, "tests": test_configs, "bench": lambda: regular_sweep() + stream_k_sweep() + grouped_sweep(),
+SETS = {"smoke": smoke, "tests": test_configs, "batched": batched_configs, "bench": lambda: regular_sweep() + stream_k_sweep() + grouped_sweep(),
         "all": everything}
