@@ -233,7 +233,7 @@ def _variant(dispatcher, name, kind: str):
     if record.problem_kind != kind:
         fitting = sorted(n for n, r in manager.variants().items() if r.problem_kind == kind)
         raise ConfigError(f"variant {name!r} runs {record.problem_kind} problems: call "
-                          f"{_CALLS.get(record.problem_kind, 'its own entry point')}, or give "
+                          f"{_CALLS.get(record.problem_kind, 'dispatcher.run or dispatcher.matmul' if record.operands else 'its own entry point')}, or give "
                           f"{_CALLS[kind]} one of its variants: {', '.join(fitting) or '(none)'}")
     return record
 

@@ -261,7 +261,8 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
     calls of one kind (the common case) skip straight to allocation and launch."""
     src = _same_input_dtype(a.dtype, b.dtype)
     if a.ndim != 2 or b.ndim != 2:
-        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape} "
+                           "(batches: dispatcher.matmul)")
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
