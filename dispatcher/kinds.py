@@ -14,6 +14,7 @@ batch strides allow it, else one launch per outer index.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -133,9 +134,10 @@ class _Tensor:
         return possible_layouts(ArraySpec((self.rows, self.cols), (self.row_stride * size,
                                           self.col_stride * size), np.dtype(f"u{size}")), what)[0]
 
-    def at(self, index: tuple, dims: tuple) -> int:
-        """The address of its matrix at outer batch `index` over batch dims `dims`."""
-        return self.ptr + sum(i * self.batch_strides[d] for i, d in zip(index, dims)) * self.itemsize
+    def at(self, base: int, index: tuple, dims: tuple) -> int:
+        """The address of its matrix at outer batch `index` over batch dims
+        `dims`, its array starting at `base`."""
+        return base + self.ptr + sum(i * self.batch_strides[d] for i, d in zip(index, dims)) * self.itemsize
 
 
 @attrs.frozen
@@ -157,7 +159,8 @@ def _element_strides(x, what: str) -> tuple:
 
 
 def _tensor(x, operand: Operand, sizes: dict, batch_shape: tuple, broadcast: bool) -> _Tensor:
-    """`x` read as `operand` in a call of `batch_shape`; its dims of size 1
+    """`x` (an ArraySpec) read as `operand` in a call of `batch_shape`, at
+    address 0 (`prepare` adds the array's); its dims of size 1
     broadcast (stride 0) if `broadcast` (extra operands), its leading batch
     dims broadcast as numpy's matmul broadcasts them."""
     what, dims = operand.name, operand.dims
@@ -182,7 +185,7 @@ def _tensor(x, operand: Operand, sizes: dict, batch_shape: tuple, broadcast: boo
             raise ProblemError(f"{what} has batch dims {lead} that do not broadcast to {batch_shape}")
         batch.append(0 if have == 1 else stride)
     row_stride, col_stride = (0 if have == 1 else s for have, s in zip(shape[-2:], strides[-2:]))
-    return _Tensor(data_pointer(x), x.dtype.itemsize, tuple(batch), rows, cols, row_stride, col_stride)
+    return _Tensor(0, x.dtype.itemsize, tuple(batch), rows, cols, row_stride, col_stride)
 
 
 def _collapse(batch_shape: tuple, tensors: list) -> tuple:
@@ -227,17 +230,87 @@ def split_call(record, kwargs: dict) -> tuple:
     return pick(names), pick(params), pick(choices)
 
 
+@attrs.frozen
+class _Plan:
+    """What a call's shapes, strides and dtypes decide (memoized): the
+    problem, the result to allocate, and per operand role (A, B, C, then
+    the extra operands given) its name and strides as the kernel reads it."""
+
+    problem: Optional[KindProblem]
+    result_shape: tuple
+    result_dtype: object
+    names: tuple = ()
+    tensors: tuple = ()
+    outer_dims: tuple = ()
+    strides: tuple = ()
+    lds: tuple = ()
+    transposed: bool = False
+
+
+class _Same:
+    """A record as a cache key, by identity (its fields hold functions)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record):
+        self.record = record
+
+    def __hash__(self):
+        return id(self.record)
+
+    def __eq__(self, other):
+        return self.record is other.record
+
+
 def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None, target="cpu",
             memory, allocate) -> Prepared:
     """The problem and argument blocks of `record`'s kind for `arrays` (in
     the target's memory, keyed by operand name)."""
+    for name, x in arrays.items():
+        if x is not None and not memory.accepts(x):
+            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
+    out = arrays.get("out")
+    if out is not None and not memory.writable(out):
+        raise ProblemError("out is read-only")
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
+    schema = {o.name: o for o in record.options}
+    choices = tuple(sorted((name, schema[name].check(value, f"variant {record.name!r}"))
+                           for name, value in choices.items()))
+    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in record.operands)
+    plan = _plan(_Same(record), specs, choices, out_dtype, target)
+    scalars = {"alpha": _scalar_param("alpha", params.get("alpha", 1.0)),
+               **{s: _scalar_param(s, params.get(s, 1.0), nonzero=True) for s in ("scale_a", "scale_b")}}
+    values = tuple(_scalar_param(p.name, params.get(p.name, p.default)) for p in record.params)
+    if out is not None:
+        _check_no_alias(memory, out, "out", *((name, x) for name, x in arrays.items()
+                                              if name != "out" and x is not None))
+    result = out if out is not None else allocate(plan.result_shape, plan.result_dtype)
+    if plan.problem is None:
+        return Prepared(None, (), result, True)
+    bases = [data_pointer(result if name == "out" else arrays[name]) for name in plan.names]
+    A, B, C, *given = plan.tensors
+    (m, n, k), count, dims = (plan.problem.m, plan.problem.n, plan.problem.k), plan.problem.batch, plan.outer_dims
+    launches = []
+    for index in np.ndindex(*(plan.result_shape[d] for d in dims)):
+        extra = tuple((Matrix(t.at(base, index, dims), (t.rows, t.cols)), t.row_stride, t.col_stride,
+                       stride) for t, base, stride in zip(given, bases[3:], plan.strides[3:]))
+        launches.append(GemmOperands(
+            Matrix(A.at(bases[0], index, dims), (m, k)), Matrix(B.at(bases[1], index, dims), (k, n)),
+            Matrix(C.at(bases[2], index, dims), (m, n)), *plan.lds, scalars["alpha"], 0.0, count,
+            *plan.strides[:3], scalars["scale_a"], scalars["scale_b"], extra, values, plan.transposed))
+    return Prepared(plan.problem, tuple(launches), result, False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str) -> _Plan:
+    """Every shape, dtype, broadcast and layout check of a call, memoized:
+    repeated calls of one kind skip to binding pointers."""
+    record, arrays = same.record, dict(specs)
     declared = {o.name: o for o in record.operands}
     for o in record.operands:
         if not o.optional and arrays.get(o.name) is None:
             raise ProblemError(f"variant {record.name!r} needs operand {o.name!r} ({o.doc or o.dims})")
-    for name, x in arrays.items():
-        if x is not None and not memory.accepts(x):
-            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
     a, b, out = arrays["a"], arrays["b"], arrays.get("out")
     src = _same_input_dtype(a.dtype, b.dtype)
     for name, x in (("a", a), ("b", b)):
@@ -260,21 +333,15 @@ def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None
     dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
                             (out.dtype if out is not None else None))
     sizes = dict(m=m, n=n, k=k)
-    scalars = {"alpha": _scalar_param("alpha", params.get("alpha", 1.0)),
-               **{s: _scalar_param(s, params.get(s, 1.0), nonzero=True) for s in ("scale_a", "scale_b")}}
-    values = tuple(_scalar_param(p.name, params.get(p.name, p.default)) for p in record.params)
+    result_shape = batch_shape + (m, n)
     if out is not None:
-        if tuple(out.shape) != batch_shape + (m, n):
-            raise ProblemError(f"out has shape {tuple(out.shape)}, expected {batch_shape + (m, n)}")
+        if tuple(out.shape) != result_shape:
+            raise ProblemError(f"out has shape {tuple(out.shape)}, expected {result_shape}")
         if dtypes.get(out.dtype) != dst:
             raise DtypeError(f"out is {dtypes.get(out.dtype).token} but the output dtype is {dst.token}")
-        if not memory.writable(out):
-            raise ProblemError("out is read-only")
-        _check_no_alias(memory, out, "out", *((name, x) for name, x in arrays.items()
-                                              if name != "out" and x is not None))
-    result = out if out is not None else allocate(batch_shape + (m, n), dst.numpy)
     if m == 0 or n == 0 or math.prod(batch_shape) == 0:
-        return Prepared(None, (), result, True)
+        return _Plan(None, result_shape, dst.numpy)
+    result = out if out is not None else ArraySpec(result_shape, _row_major(result_shape, dst.itemsize), dst.numpy)
     tensors = {}
     for name, x in {**arrays, "out": result}.items():
         if x is None:
@@ -289,35 +356,38 @@ def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None
         raise ProblemError("out has a broadcast (stride 0) batch dim: its batches would overlap")
 
     A, B, C = tensors["a"], tensors["b"], tensors["out"]
+    names = ["a", "b", "out"]
     transposed = C.layout("out")[0] == "c"
     if transposed:  # C^T = B^T A^T, row-major C^T
         A, B, C = B.T, A.T, C.T
+        names = ["b", "a", "out"]
         m, n = n, m
     (la, lda), (lb, ldb), (_, ldc) = A.layout("a"), B.layout("b"), C.layout("out")
     extras = {o.name: tensors.get(o.name) for o in record.operands if o.name not in MAIN}
     if transposed:
         extras = {name: t and t.T for name, t in extras.items()}
     options = _options(record, choices, extras)
-    given = [t for t in extras.values() if t is not None]
-    outer_dims, count, strides = _collapse(batch_shape, [A, B, C, *given])
+    given = [(name, t) for name, t in extras.items() if t is not None]
+    ordered = [A, B, C, *(t for _, t in given)]
+    outer_dims, count, strides = _collapse(batch_shape, ordered)
     problem = KindProblem(m, n, k, count, src.token, dst.token, la + lb + "r", record.name, target,
                           tuple(sorted(options.items())))
-    launches = []
-    for index in np.ndindex(*(batch_shape[d] for d in outer_dims)):
-        extra = tuple((Matrix(t.at(index, outer_dims), (t.rows, t.cols)), t.row_stride, t.col_stride,
-                       stride) for t, stride in zip(given, strides[3:]))
-        launches.append(GemmOperands(
-            Matrix(A.at(index, outer_dims), (m, k)), Matrix(B.at(index, outer_dims), (k, n)),
-            Matrix(C.at(index, outer_dims), (m, n)), lda, ldb, ldc, scalars["alpha"], 0.0, count,
-            *strides[:3], scalars["scale_a"], scalars["scale_b"], extra, values, transposed))
-    return Prepared(problem, tuple(launches), result, False)
+    return _Plan(problem, result_shape, dst.numpy, tuple(names + [name for name, _ in given]),
+                 tuple(ordered), outer_dims, tuple(strides), (lda, ldb, ldc), transposed)
 
 
-def _options(record, choices: dict, extras: dict) -> dict:
-    """The variant-block values the call fixes: the caller's, checked, and
-    those the extra operands imply."""
-    schema = {o.name: o for o in record.options}
-    fixed = {name: schema[name].check(value, f"variant {record.name!r}") for name, value in choices.items()}
+def _row_major(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(strides[::-1])
+
+
+def _options(record, choices: tuple, extras: dict) -> dict:
+    """The variant-block values the call fixes: the caller's and those the
+    extra operands imply."""
+    fixed = dict(choices)  # checked by `prepare`
     implied = record.problem_options({name: None if t is None else (t.row_stride, t.col_stride)
                                       for name, t in extras.items()})
     for name, value in implied.items():

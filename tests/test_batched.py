@@ -144,6 +144,8 @@ def test_the_epilogue_is_in_the_kernel_name(rng):
     (lambda a, b: dispatcher.matmul(a, b, bias=np.ones(7, np.float16)), dispatcher.DtypeError,
      "takes it as fp32"),
     (lambda a, b: dispatcher.matmul(a, b, activation="tanh"), dispatcher.ConfigError, "allowed"),
+    (lambda a, b: dispatcher.matmul(a, b, activation=["gelu"]), dispatcher.ConfigError, "allowed"),
+    (lambda a, b: dispatcher.matmul(a, b, out_dtype=["fp32"]), dispatcher.DtypeError, "unknown dtype"),
     (lambda a, b: dispatcher.matmul(a, b, scale_a=0.0), dispatcher.ProblemError, "nonzero"),
     (lambda a, b: dispatcher.run("regular", a=a, b=b), dispatcher.ProblemError, "takes a matrix a"),
     (lambda a, b: dispatcher.run("batched", a=a, b=b, gamma=1), dispatcher.ProblemError, "no argument"),
