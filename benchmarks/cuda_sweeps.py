@@ -28,6 +28,30 @@ def _out(dtype):
     return dtypes.output_for(dtype).token
 
 
+def batched_configs():
+    """What tests/test_batched_gpu.py and `benchmarks/batched.py --cuda` run:
+    the tests' explicit tiles per epilogue, and the default configs the
+    benchmark's selection picks from (batched bf16 plain, regular bf16 +
+    per-column bias + GELU; row-major operands: layout rrr)."""
+    from dispatcher.plugins import get_manager
+
+    tile = dict(target="cuda", tile_m=128, tile_n=128, cluster_m=1)
+    out = [KernelConfig.create(variant="batched", dtype="bf16", layout="rrr", tile_k=64, **tile),
+           KernelConfig.create(variant="regular", dtype="fp8_e4m3", layout="rcr", tile_k=128, bias="col",
+                               activation="relu", **tile)]
+    for variant, bias, activation in (("regular", "col", "gelu"), ("regular", "row", "relu"),
+                                      ("regular", "col", "silu"), ("regular", "row", "none"),
+                                      ("batched", "col", "none"), ("batched", "row", "gelu")):
+        out.append(KernelConfig.create(variant=variant, dtype="bf16", layout="rrr", tile_k=64, bias=bias,
+                                       activation=activation, **tile))
+    for variant, epilogue in (("batched", {}), ("regular", dict(bias="col", activation="gelu"))):
+        for fields in get_manager().variant(variant).default_configs("cuda", "bf16", "rrr"):
+            out.append(KernelConfig.create(variant=variant, target="cuda", dtype="bf16", layout="rrr",
+                                           **fields, **epilogue))
+    return list({c.name: c for c in out}.values())
+
+
+
 def test_configs() -> list:
     """The explicit configs of tests/test_cuda_gpu.py."""
     out = []
@@ -47,7 +71,7 @@ def test_configs() -> list:
 
 def everything() -> list:
     seen = {}
-    for c in catalog() + catalog(("regular",), ("fp8_e4m3",)) + test_configs():
+    for c in catalog() + catalog(("regular",), ("fp8_e4m3",)) + test_configs() + batched_configs():
         seen[c.name] = c
     return list(seen.values())
 
@@ -60,4 +84,5 @@ def torch_configs() -> list:
     return catalog(("regular", "grouped"), ("bf16",), ("rcr", "rrr", "crr"))
 
 
-SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "all": everything}
+SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "batched": batched_configs,
+        "all": everything}

@@ -94,7 +94,8 @@ class Dispatcher:
             raise ConfigError(f"config must be a KernelConfig or a dict of config fields, "
                               f"got {type(fields).__name__}")
         base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
-                    dtype_c=problem.out_dtype, layout=problem.layout)
+                    dtype_c=problem.out_dtype, layout=problem.layout,
+                    **_fixed_fields(problem))
         return self.config_matching(problem, KernelConfig.create(**{**base, **fields}))
 
     def select(self, problem) -> KernelConfig:
@@ -298,7 +299,17 @@ class Dispatcher:
             if getattr(config, field) != want:
                 raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
                                   f"but the problem needs {want!r}")
+        for field, want in _fixed_fields(problem).items():
+            if config.variant_params.get(field) != want:
+                raise ConfigError(f"config {config.name} has {field} "
+                                  f"{config.variant_params.get(field)!r} but the problem needs {want!r}")
         return config
+
+
+def _fixed_fields(problem) -> dict:
+    """Variant-block values a problem of a declared kind fixes (its fused
+    epilogue: `kinds.KindProblem.config_fields`); none for other problems."""
+    return getattr(problem, "config_fields", {})
 
 
 _DEFAULT: Dispatcher | None = None
@@ -334,7 +345,7 @@ def _variant(dispatcher, name, kind: str):
     if record.problem_kind != kind:
         fitting = sorted(n for n, r in manager.variants().items() if r.problem_kind == kind)
         raise ConfigError(f"variant {name!r} runs {record.problem_kind} problems: call "
-                          f"{_CALLS.get(record.problem_kind, 'its own entry point')}, or give "
+                          f"{_CALLS.get(record.problem_kind, 'dispatcher.run or dispatcher.matmul' if record.operands else 'its own entry point')}, or give "
                           f"{_CALLS[kind]} one of its variants: {', '.join(fitting) or '(none)'}")
     return record
 

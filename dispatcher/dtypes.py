@@ -63,7 +63,7 @@ def get(spec) -> DType:
     """A DType from a token, an alias, or a numpy dtype."""
     if isinstance(spec, DType):
         return spec
-    found = _BY_NUMPY.get(spec) if isinstance(spec, np.dtype) else TABLE.get(spec)
+    found = _BY_NUMPY.get(spec) if isinstance(spec, np.dtype) else TABLE.get(spec) if spec.__hash__ else None
     if found is not None:
         return found
     if isinstance(spec, str):

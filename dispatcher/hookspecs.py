@@ -14,7 +14,7 @@ Rules every implementation follows:
 
 * A variant plugin answers only for its own variant (``config.variant`` /
   ``problem.variant``) and returns ``None`` otherwise, so the next
-  implementation is asked. Every hook except `dispatcher_register_variants`
+  implementation is asked (``dispatcher.plugin_api.for_variant`` does it). Every hook except `dispatcher_register_variants`
   is ``firstresult``: the first non-``None`` answer wins.
 * The core ships default implementations of `dispatcher_build` and
   `dispatcher_select_library` (``trylast``); a variant overrides them only
@@ -80,7 +80,8 @@ def dispatcher_build(source, target, cache):
 def dispatcher_select_library(problem, candidates, tuning):
     """Choose the kernel to run a problem: the ".so selection".
 
-    :param problem: a :class:`GemmProblem` or :class:`GroupedGemmProblem`.
+    :param problem: a :class:`GemmProblem`, :class:`GroupedGemmProblem` or
+        :class:`dispatcher.kinds.KindProblem`.
     :param candidates: the :class:`KernelConfig` s the variant proposes for
         the problem's target, dtypes and layout (its default configs that can
         be built here); libraries are built on demand after selection.
@@ -99,7 +100,10 @@ def dispatcher_launch(library, problem, operands, options):
     :param library: a :class:`dispatcher.library.Library` (the loaded .so).
     :param problem: the problem record.
     :param operands: the arrays and leading dimensions
-        (:class:`dispatcher.problem.GemmOperands` or ``GroupedOperands``).
+        (:class:`dispatcher.problem.GemmOperands` or ``GroupedOperands``); for
+        a declared problem kind (`dispatcher.kinds`) the argument block of one
+        launch: batch count and strides, extra operands, parameters, and
+        whether the core transposed the problem.
     :param options: a dict of launch options (e.g. ``workers``).
     :return: a :class:`dispatcher.library.LaunchResult`, or ``None`` if the
         library's variant is not this plugin's.

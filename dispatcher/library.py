@@ -32,12 +32,17 @@ import numpy as np
 
 from .errors import CacheError, KernelError, LibraryError, UnsupportedProblem
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 STATUS_OK, STATUS_ERROR, STATUS_UNSUPPORTED = 0, -1, -2
 
 _i64 = ctypes.c_int64
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _vp = ctypes.c_void_p
+
+
+class OperandArg(ctypes.Structure):
+    """`dispatcher_operand`: one extra operand (strides in elements, 0 broadcasts)."""
+    _fields_ = [("data", _vp), ("row_stride", _i64), ("col_stride", _i64), ("batch_stride", _i64)]
 
 
 class GemmArgs(ctypes.Structure):
@@ -46,7 +51,11 @@ class GemmArgs(ctypes.Structure):
                 ("lda", _i64), ("ldb", _i64), ("ldc", _i64),
                 ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
                 ("workspace", _vp), ("workspace_bytes", _i64),
-                ("workers", ctypes.c_int32), ("stream", _vp)]
+                ("workers", ctypes.c_int32), ("stream", _vp),
+                ("batch", _i64), ("batch_stride_a", _i64), ("batch_stride_b", _i64),
+                ("batch_stride_c", _i64), ("scale_a", ctypes.c_double), ("scale_b", ctypes.c_double),
+                ("extra_count", ctypes.c_int32), ("extra", ctypes.POINTER(OperandArg)),
+                ("param_count", ctypes.c_int32), ("params", ctypes.POINTER(ctypes.c_double))]
 
 
 class GroupedArgs(ctypes.Structure):
@@ -208,13 +217,25 @@ def data_pointer(x) -> int:
 
 
 def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
-    """The ABI struct of one problem's operands (see problem.GemmOperands);
-    a variant that needs scratch memory sets `workspace`/`workspace_bytes`."""
+    """The ABI struct of one problem's operands (`problem.GemmOperands`: one
+    GEMM, or a batch of them with extra operands and parameters); a variant
+    that needs scratch memory sets `workspace`/`workspace_bytes`. The
+    arrays the struct points into are kept alive on it."""
     a, b, c = operands.a, operands.b, operands.c
-    return GemmArgs(data_pointer(a), data_pointer(b), data_pointer(c),
-                    c.shape[0], c.shape[1], a.shape[1],
+    args = GemmArgs(data_pointer(a), data_pointer(b), data_pointer(c),
+                    c.shape[-2], c.shape[-1], a.shape[-1],
                     operands.lda, operands.ldb, operands.ldc,
-                    operands.alpha, operands.beta, None, 0, int(workers), stream or None)
+                    operands.alpha, operands.beta, None, 0, int(workers), stream or None,
+                    operands.batch, operands.batch_stride_a, operands.batch_stride_b,
+                    operands.batch_stride_c, operands.scale_a, operands.scale_b)
+    if operands.extra:
+        args._extra = (OperandArg * len(operands.extra))(
+            *((data_pointer(x), rs, cs, bs) for x, rs, cs, bs in operands.extra))
+        args.extra_count, args.extra = len(operands.extra), args._extra
+    if operands.params:
+        args._params = (ctypes.c_double * len(operands.params))(*operands.params)
+        args.param_count, args.params = len(operands.params), args._params
+    return args
 
 
 def grouped_mm_args(operands, stream: int = 0) -> GroupedMmArgs:

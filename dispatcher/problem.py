@@ -120,7 +120,13 @@ class StackedGroupedProblem:
 
 @attrs.define
 class GemmOperands:
-    """Buffers of one problem; C is written in place (row-major)."""
+    """Buffers of one problem; C is written in place (row-major). The fields
+    after `beta` are the argument block of batched and declared problem
+    kinds (`dispatcher.kinds`): `a`/`b`/`c` are then the first batch's
+    matrices, batch strides are in elements (0 = broadcast), `extra` holds
+    (array, row stride, col stride, batch stride) per extra operand in the
+    variant's declared order, `params` its scalar parameters, and
+    `transposed` says the core computes C^T = B^T A^T."""
 
     a: np.ndarray
     b: np.ndarray
@@ -130,6 +136,15 @@ class GemmOperands:
     ldc: int
     alpha: float = 1.0
     beta: float = 0.0
+    batch: int = 1
+    batch_stride_a: int = 0
+    batch_stride_b: int = 0
+    batch_stride_c: int = 0
+    scale_a: float = 1.0
+    scale_b: float = 1.0
+    extra: tuple = ()
+    params: tuple = ()
+    transposed: bool = False
 
 
 @attrs.define
@@ -314,7 +329,8 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
     calls of one kind (the common case) skip straight to allocation and launch."""
     src = _same_input_dtype(a.dtype, b.dtype)
     if a.ndim != 2 or b.ndim != 2:
-        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape} "
+                           "(batches: dispatcher.matmul)")
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")

@@ -128,6 +128,15 @@ class VariantRecord:
         kernel of this one returns status -2 (unless the caller is strict).
     k_splits: KernelConfig -> how many K slices one output tile is summed
         from (split-K); what the performance model is told.
+    operands: the problem kind as data (`dispatcher.kinds.Operand`s: a, b,
+        out and any extra operands such as a bias); a variant that declares
+        them runs through `dispatcher.run(variant, **operands, **params)`.
+    params: its scalar parameters (`dispatcher.kinds.Param`s), passed to
+        the kernel in `dispatcher_gemm_args.params`, in this order.
+    problem_options: {extra operand name: its (row, col) strides in
+        elements as the kernel reads it, 0 = broadcast, or None if not
+        given} -> variant-block values the call fixes (e.g. the fused
+        bias's orientation); may raise ProblemError.
     """
 
     name: str
@@ -145,3 +154,6 @@ class VariantRecord:
     k_splits: Callable[[Any], int] = lambda config: 1
     description: str = ""
     provider: str = ""
+    operands: tuple = ()
+    params: tuple = ()
+    problem_options: Callable[[dict], dict] = lambda extras: {}

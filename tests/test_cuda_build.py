@@ -24,15 +24,27 @@ CONFIGS = [
     dict(variant="stream_k", dtype="bf16", layout="rrr", reduction="linear", decomposition="stream_k"),
     dict(variant="grouped", dtype="fp16", layout="rcr"),
 ]
+# The batched variant (batch mode L) and both CUTLASS bias fusions: about
+# five more minutes of nvcc on 2 cores, so outside the fast suite (.ci/run
+# runs them after it: -m "slow and nvcc").
+EPILOGUE_CONFIGS = [
+    dict(variant="batched", dtype="bf16", layout="rcr", bias="col", activation="gelu"),
+    dict(variant="regular", dtype="fp8_e4m3", layout="rcr", bias="row", activation="relu"),
+]
+
+
+def build_all(field_sets):
+    d = Dispatcher()
+    configs = [dispatcher.KernelConfig.create(target="cuda", tile_m=128, tile_n=128,
+                                              tile_k=128 // dispatcher.dtypes.get(f["dtype"]).itemsize,
+                                              cluster_m=1, **f) for f in field_sets]
+    with ThreadPoolExecutor(2) as pool:
+        return list(zip(configs, pool.map(lambda c: d.build(d.codegen(c)), configs)))
 
 
 @pytest.fixture(scope="module")
 def built():
-    d = Dispatcher()
-    configs = [dispatcher.KernelConfig.create(target="cuda", tile_m=128, tile_n=128, tile_k=64,
-                                              cluster_m=1, **fields) for fields in CONFIGS]
-    with ThreadPoolExecutor(2) as pool:
-        return list(zip(configs, pool.map(lambda c: d.build(d.codegen(c)), configs)))
+    return build_all(CONFIGS)
 
 
 def test_each_variant_compiles_and_exports_its_abi(built):
@@ -45,6 +57,14 @@ def test_each_variant_compiles_and_exports_its_abi(built):
         assert expected[config.variant] <= symbols, (config.name, symbols)
         assert {"dispatcher_abi_version", "dispatcher_kernel_name", "dispatcher_last_error"} <= symbols
         assert lib.name == config.name
+
+
+@pytest.mark.slow
+def test_batched_and_fused_epilogue_instances_compile():
+    for config, lib in build_all(EPILOGUE_CONFIGS):
+        assert {"dispatcher_run_gemm", "dispatcher_abi_version"} <= _exported_symbols(lib.path)
+        assert lib.name == config.name and config.name.endswith(
+            {"batched": "_batched_biascol_gelu", "regular": "_biasrow_relu"}[config.variant])
 
 
 def _exported_symbols(path):

@@ -130,3 +130,72 @@ def test_out_of_tree_plugin_is_discovered_and_runs(tmp_path):
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) <= 2 ** -7 * 4
+
+
+def test_out_of_tree_plugin_with_its_own_problem_kind(tmp_path):
+    """The documented example (docs/writing-a-plugin.md): variant `residual`
+    declares its operands (a batched GEMM plus an extra `residual` operand)
+    and a scalar parameter; `dispatcher.run` reaches it with no core change
+    and no ctypes of its own, checked against float64 on poisoned outputs."""
+    env = make_importable(tmp_path / "site", ROOT / "examples" / "residual_gemm_plugin" / "residual_gemm",
+                          "residual-gemm-plugin", "residual_gemm", "residual_gemm.plugin")
+    script = textwrap.dedent("""
+        import numpy as np, dispatcher
+        from dispatcher.verify import max_rel, poison
+        rng = np.random.default_rng(0)
+        q = lambda *s: rng.uniform(-2, 2, s).astype(np.float32)
+        a, b = q(3, 37, 29), q(29, 41)                   # b broadcast over the batch
+        r = q(3, 41, 37).transpose(0, 2, 1)              # a strided residual view
+        out = poison(np.empty((3, 37, 41), np.float32))
+        dispatcher.run("residual", a=a, b=b, residual=r, out=out, gamma=-0.5, alpha=2.0)
+        ref = 2.0 * np.matmul(a.astype(np.float64), b) - 0.5 * r
+        print(max_rel(out, ref))
+        try:
+            dispatcher.run("residual", a=a, b=b, residual=r[:, :5])
+        except dispatcher.ProblemError as e:
+            print("refused:", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    error, refused = proc.stdout.splitlines()
+    assert float(error) <= 1e-5
+    assert "residual has shape (3, 5, 41): its M dim is 5, expected 37" in refused
+    lines = [l for l in (ROOT / "examples" / "residual_gemm_plugin" / "residual_gemm" / "plugin.py")
+             .read_text().splitlines()]
+    assert len(lines) <= 150
+
+
+def test_plugin_api_skeleton_and_template_lookup(tmp_path):
+    """for_variant answers for its variant only; render finds one template
+    per target, a named one among several, or a folder whose main file is
+    compiled and whose headers travel with it; ambiguity is an error."""
+    import types
+
+    from dispatcher.codegen import render
+    from dispatcher.errors import ConfigError
+    from dispatcher.plugin_api import for_variant
+
+    @for_variant("mine")
+    def dispatcher_codegen(config, target):
+        return "answered"
+
+    assert dispatcher_codegen(types.SimpleNamespace(variant="mine"), None) == "answered"
+    assert dispatcher_codegen(config=types.SimpleNamespace(variant="other"), target=None) is None
+
+    config = types.SimpleNamespace(variant="mine", name="k1", variant_params={"bias": "row"})
+    target = types.SimpleNamespace(name="cpu", prelude=lambda c: "// prelude")
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "cpu.cpp").write_text("${prelude} plain ${bias}")
+    (templates / "cpu-fast.cpp").write_text("${prelude} fast ${extra}")
+    assert render(tmp_path, config, target).files == (("k1.cpp", "// prelude plain row"),)
+    assert render(tmp_path, config, target, template="fast", extra=7).files[0][1] == "// prelude fast 7"
+    (templates / "cpu.cc").write_text("")
+    with pytest.raises(ConfigError, match="several template"):
+        render(tmp_path, config, target)
+    (templates / "cpu").mkdir()
+    (templates / "cpu" / "main.cpp").write_text('#include "helpers.hpp"\n${prelude}')
+    (templates / "cpu" / "helpers.hpp").write_text("// ${bias} helpers")
+    assert render(tmp_path, config, target).files == (
+        ("k1.cpp", '#include "helpers.hpp"\n// prelude'), ("helpers.hpp", "// row helpers"))

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#define DISPATCHER_ABI_VERSION 1
+#define DISPATCHER_ABI_VERSION 2
 #define DISPATCHER_EXPORT __attribute__((visibility("default")))
 #define DISPATCHER_OK 0
 #define DISPATCHER_ERROR (-1)
@@ -26,9 +26,25 @@
 extern "C" {
 #endif
 
-/* One single-problem GEMM: C = alpha * op(A) @ op(B) + beta * C.
- * The layouts of A, B and C are compiled into the kernel; lda/ldb/ldc are the
- * distances between consecutive rows (row-major) or columns (column-major). */
+/* An extra operand of a problem (a bias, a scale vector, a variant's own
+ * tensor): element (b, i, j) is at data[b*batch_stride + i*row_stride +
+ * j*col_stride], strides in elements; a stride of 0 broadcasts along that
+ * axis (a bias per output column has row_stride 0). */
+typedef struct dispatcher_operand {
+    const void* data;
+    int64_t row_stride;
+    int64_t col_stride;
+    int64_t batch_stride;
+} dispatcher_operand;
+
+/* One GEMM, or `batch` GEMMs of one shape:
+ *   C[b] = epilogue(alpha * scale_a * scale_b * op(A[b]) @ op(B[b]) + beta * C[b])
+ * The layouts of A, B and C and the epilogue (bias, activation) are compiled
+ * into the kernel; lda/ldb/ldc are the distances between consecutive rows
+ * (row-major) or columns (column-major). The fields after `stream` came with
+ * ABI version 2, and all of them 0 is the plain GEMM: a caller that
+ * value-initializes the struct and fills the version-1 fields still means
+ * what it meant (batch 0 is one problem, a scale of 0 is unscaled). */
 typedef struct dispatcher_gemm_args {
     const void* a;
     const void* b;
@@ -40,6 +56,15 @@ typedef struct dispatcher_gemm_args {
     int64_t workspace_bytes;
     int32_t workers;          /* persistent workers; 0 = the kernel's default */
     void* stream;             /* cudaStream_t on cuda, unused on cpu */
+    int64_t batch;            /* problems in the launch (0 or 1: one) */
+    int64_t batch_stride_a;   /* elements between A[b] and A[b+1]; 0 = one A for all */
+    int64_t batch_stride_b;   /* likewise for B */
+    int64_t batch_stride_c;   /* likewise for C (never 0 when batch > 1) */
+    double scale_a, scale_b;  /* per-tensor input scales (fp8); 0 or 1 = unscaled */
+    int32_t extra_count;      /* extra operands, in the order the variant declares them */
+    const dispatcher_operand* extra;
+    int32_t param_count;      /* a variant's own scalar parameters, in declared order */
+    const double* params;
 } dispatcher_gemm_args;
 
 /* G independent problems in one launch; every array has group_count entries. */
@@ -150,6 +175,13 @@ int guarded(Body&& body) {
     }                                                                           \
     extern "C" DISPATCHER_EXPORT const char* dispatcher_last_error(void) {      \
         return dispatcher_abi::last_error().c_str();                            \
+    }
+
+/* ... and those of a single-problem library whose entry point is RUN. */
+#define DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME_STRING, RUN)                 \
+    DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME_STRING)                        \
+    extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) { \
+        return RUN(args);                                                       \
     }
 #endif
 

@@ -15,11 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.codegen import render
-from dispatcher.hookspecs import hookimpl
 from dispatcher.library import GroupedCall, LaunchResult, grouped_mm_args
+from dispatcher.plugin_api import VariantRecord, for_variant, registers, renders
 from dispatcher.problem import StackedOperands
-from dispatcher.records import VariantRecord
 from dispatcher.workspace import WORKSPACES
 
 VARIANT = "grouped"
@@ -63,22 +61,12 @@ RECORD = VariantRecord(
 )
 
 
-@hookimpl
-def dispatcher_register_variants():
-    return [RECORD]
+dispatcher_register_variants = registers(RECORD)
+dispatcher_codegen = renders(VARIANT, HERE)
 
 
-@hookimpl
-def dispatcher_codegen(config, target):
-    if config.variant != VARIANT:
-        return None
-    return render(HERE, config, target)
-
-
-@hookimpl
+@for_variant(VARIANT)
 def dispatcher_launch(library, problem, operands, options):
-    if problem.variant != VARIANT:
-        return None
     stream = options.get("stream", 0)
     if isinstance(operands, StackedOperands):
         args = grouped_mm_args(operands, stream=stream)

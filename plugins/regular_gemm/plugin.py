@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.codegen import render
-from dispatcher.hookspecs import hookimpl
-from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.records import WORKERS, VariantRecord
+from dispatcher.plugin_api import (BIAS, EPILOGUE_OPTIONS, WORKERS, VariantRecord,
+                                   epilogue_problem_options, epilogue_suffix, gemm_operands,
+                                   launches_gemm, registers, renders)
 
 VARIANT = "regular"
 HERE = Path(__file__).parent
@@ -64,29 +63,15 @@ RECORD = VariantRecord(
     targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
+    options=EPILOGUE_OPTIONS,
     launch_options=(WORKERS,),
+    name_suffix=epilogue_suffix,
     default_configs=default_configs,
-    description="data-parallel GEMM: one output block tile per work item",
+    operands=(*gemm_operands(), BIAS),
+    problem_options=epilogue_problem_options,
+    description="data-parallel GEMM: one output block tile per work item; fused bias and activation",
 )
 
-
-@hookimpl
-def dispatcher_register_variants():
-    return [RECORD]
-
-
-@hookimpl
-def dispatcher_codegen(config, target):
-    if config.variant != VARIANT:
-        return None
-    return render(HERE, config, target)
-
-
-@hookimpl
-def dispatcher_launch(library, problem, operands, options):
-    if problem.variant != VARIANT:
-        return None
-    entry = library.registry[library.name]
-    args = gemm_args(operands, workers=options.get("workers", 0), stream=options.get("stream", 0))
-    library.run_gemm(args, entry)
-    return LaunchResult(library.name)
+dispatcher_register_variants = registers(RECORD)
+dispatcher_codegen = renders(VARIANT, HERE)
+dispatcher_launch = launches_gemm(VARIANT, registry=True)

@@ -23,10 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.codegen import render
-from dispatcher.hookspecs import hookimpl
 from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.records import WORKERS, Option, VariantRecord
+from dispatcher.plugin_api import WORKERS, Option, VariantRecord, for_variant, registers, render
 from dispatcher.workspace import WORKSPACES
 
 VARIANT = "stream_k"
@@ -118,15 +116,11 @@ RECORD = VariantRecord(
 )
 
 
-@hookimpl
-def dispatcher_register_variants():
-    return [RECORD]
+dispatcher_register_variants = registers(RECORD)
 
 
-@hookimpl
+@for_variant(VARIANT)
 def dispatcher_codegen(config, target):
-    if config.variant != VARIANT:
-        return None
     opts = config.variant_params
     if target.name == "cuda":
         return render(HERE, config, target, reduction=CUTLASS_REDUCTION[opts["reduction"]],
@@ -137,10 +131,8 @@ def dispatcher_codegen(config, target):
                   decomposition=f"Decomposition::{opts['decomposition']}")
 
 
-@hookimpl
+@for_variant(VARIANT)
 def dispatcher_launch(library, problem, operands, options):
-    if problem.variant != VARIANT:
-        return None
     workers, stream = options.get("workers", 0), options.get("stream", 0)
     args = gemm_args(operands, workers=workers, stream=stream)
     nbytes = WORKSPACES.attach(library, args, stream)  # grown on demand, zeroed

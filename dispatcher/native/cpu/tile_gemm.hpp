@@ -6,8 +6,12 @@
 //                      zero-padded panels (converting any storage dtype to the
 //                      compute type while packing) and runs the register-blocked
 //                      micro-kernel over them;
-//   store_tile       - the alpha/beta epilogue, converting to the output dtype;
+//   store_tile       - the epilogue: alpha/beta, then the fused bias and
+//                      activation an `Epilogue` type names, converting to the
+//                      output dtype;
 //   compute_tile     - both, for one whole output block.
+// A batched launch (dispatcher_gemm_args.batch > 1) is a Problem whose
+// `at(b)` gives the problem of batch b.
 // How blocks are scheduled over threads (data-parallel, grouped, stream-K) is
 // variant knowledge and lives in each plugin's template.
 #pragma once
@@ -121,6 +125,35 @@ struct Traits {
     static_assert((NR_ * sizeof(Acc)) % VecBytes_ == 0, "NR must fill whole vectors");
 };
 
+// ------------------------------------------------------------- epilogue ----
+// What the epilogue fuses after alpha * acc + beta * C, compiled into the
+// kernel: a bias (one value per output row or per output column, stored in
+// the output dtype, extra operand 0) and then an activation.
+enum class Bias { none, row, col };
+enum class Activation { none, relu, gelu, silu };
+
+template <Bias Bias_, Activation Act_>
+struct Epilogue {
+    static constexpr Bias bias = Bias_;
+    static constexpr Activation activation = Act_;
+    static constexpr bool plain = Bias_ == Bias::none && Act_ == Activation::none;
+};
+using PlainEpilogue = Epilogue<Bias::none, Activation::none>;
+
+template <Activation A, class S>
+static inline S activate(S x) {
+    if constexpr (A == Activation::relu) return x > S(0) ? x : S(0);
+    if constexpr (A == Activation::gelu) return S(0.5) * x * (S(1) + std::erf(x * S(0.70710678118654752440)));
+    if constexpr (A == Activation::silu) return x / (S(1) + std::exp(-x));
+    return x;
+}
+
+// Memory a kernel asks to be prefetched.
+struct Region {  // `rows` runs of `bytes` bytes, `stride` bytes apart
+    const char* base = nullptr;
+    int64_t rows = 0, bytes = 0, stride = 0;
+};
+
 // One problem as the kernel sees it: C is row-major with leading dim ldc.
 template <class T>
 struct Problem {
@@ -129,25 +162,54 @@ struct Problem {
     typename T::C::storage* c;
     int64_t m, n, k, lda, ldb, ldc;
     double alpha, beta;
-    uint64_t generation;  // unique per launch: keys the packed-panel cache
+    uint64_t generation;  // unique per launch and batch: keys the packed-panel cache
     // Whether a thread may run two tiles of one column back to back, so a
     // packed B panel is worth keeping (the plugin's schedule knows).
     bool reuse_b_panels = true;
+    int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // elements; 0: shared
+    int64_t batch_index = 0;                                       // which batch this is
+    const dispatcher_operand* extra = nullptr;                     // extra operands
+    int32_t extra_count = 0;
+    // The source of the tile this thread computes next (its first K block),
+    // prefetched during this tile's last K block (set by a schedule that
+    // knows it, e.g. batches of small matrices: `prefetch_next_tile`).
+    Region after_a, after_b;
 
     int64_t tiles_m() const { return (m + T::MC - 1) / T::MC; }
     int64_t tiles_n() const { return (n + T::NC - 1) / T::NC; }
     int64_t tiles() const { return tiles_m() * tiles_n(); }
     int64_t k_iters() const { return (k + T::KC - 1) / T::KC; }
+
+    // The problem of batch `index`. Batches that share B (stride 0) share its
+    // generation too, so a thread reuses a packed B panel across them.
+    Problem at(int64_t index) const {
+        Problem p = *this;
+        p.a += index * stride_a;
+        p.b += index * stride_b;
+        p.c += index * stride_c;
+        p.batch_index = index;
+        if (stride_b) p.generation += uint64_t(index);
+        return p;
+    }
+    // Element (i, j) of extra operand `e` in this batch.
+    template <class S>
+    S extra_at(int e, int64_t i, int64_t j) const {
+        const dispatcher_operand& x = extra[e];
+        return static_cast<const S*>(x.data)[batch_index * x.batch_stride + i * x.row_stride +
+                                             j * x.col_stride];
+    }
 };
 
-inline uint64_t next_generation() {
+// `count` consecutive generations, unique in the process.
+inline uint64_t next_generation(uint64_t count = 1) {
     static std::atomic<uint64_t> counter{0};
-    return ++counter;
+    return counter.fetch_add(count) + 1;
 }
 
-// The problem of a single-GEMM call, with every argument checked; a bad one
-// throws (the ABI guard turns it into status -1 with the message).
-template <class T>
+// The problem of a (batched) GEMM call for epilogue `Epi`, with every argument
+// checked; a bad one throws (the ABI guard turns it into status -1 with the
+// message). The ABI-2 fields all 0 are one unscaled GEMM.
+template <class T, class Epi = PlainEpilogue>
 Problem<T> make_problem(const dispatcher_gemm_args* args) {
     if (!args) throw std::invalid_argument("null argument struct");
     if (!args->a || !args->b || !args->c) throw std::invalid_argument("null operand pointer");
@@ -160,11 +222,34 @@ Problem<T> make_problem(const dispatcher_gemm_args* args) {
                                     std::to_string(args->lda) + ", ldb " +
                                     std::to_string(args->ldb) + ", ldc " +
                                     std::to_string(args->ldc) + ")");
-    return Problem<T>{static_cast<const typename T::A::storage*>(args->a),
-                      static_cast<const typename T::B::storage*>(args->b),
-                      static_cast<typename T::C::storage*>(args->c),
-                      args->m, args->n, args->k, args->lda, args->ldb, args->ldc,
-                      args->alpha, args->beta, next_generation()};
+    const int64_t batch = std::max<int64_t>(args->batch, 1);
+    if (args->batch < 0 || args->batch_stride_a < 0 || args->batch_stride_b < 0 ||
+        args->batch_stride_c < 0)
+        throw std::invalid_argument("negative batch count or batch stride");
+    if (batch > 1 && args->batch_stride_c < (args->m - 1) * args->ldc + args->n)
+        throw std::invalid_argument("batch_stride_c " + std::to_string(args->batch_stride_c) +
+                                    " makes the output matrices of two batches overlap");
+    if (args->extra_count < 0 || (args->extra_count > 0 && !args->extra))
+        throw std::invalid_argument("extra_count without extra operands");
+    if constexpr (Epi::bias != Bias::none) {
+        if (args->extra_count < 1 || !args->extra[0].data)
+            throw std::invalid_argument("this kernel fuses a bias: extra operand 0 must be the bias");
+    }
+    const double scale_a = args->scale_a == 0.0 ? 1.0 : args->scale_a;
+    const double scale_b = args->scale_b == 0.0 ? 1.0 : args->scale_b;
+    const double alpha = scale_a == 1.0 && scale_b == 1.0 ? args->alpha : args->alpha * scale_a * scale_b;
+    Problem<T> P{static_cast<const typename T::A::storage*>(args->a),
+                 static_cast<const typename T::B::storage*>(args->b),
+                 static_cast<typename T::C::storage*>(args->c),
+                 args->m, args->n, args->k, args->lda, args->ldb, args->ldc,
+                 alpha, args->beta, next_generation(uint64_t(batch))};
+    P.batch = batch;
+    P.stride_a = args->batch_stride_a;
+    P.stride_b = args->batch_stride_b;
+    P.stride_c = args->batch_stride_c;
+    P.extra = args->extra;
+    P.extra_count = args->extra_count;
+    return P;
 }
 
 // An exception must not leave an OpenMP region: the runtime would call
@@ -191,6 +276,24 @@ class RegionErrors {
     std::atomic<bool> failed_{false};
     std::exception_ptr first_;
 };
+
+// work(t) for t in [0, tiles) on `threads` OpenMP threads bound to their
+// cores; the first exception is rethrown after. chunk 0: each thread one
+// contiguous run of t (consecutive tiles of one column share a packed B
+// panel); else runs of `chunk` tiles handed out as threads finish, so a
+// thread on a core shared with other work takes fewer.
+template <class Work>
+void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0) {
+    RegionErrors errors;
+    if (chunk > 0) {
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) proc_bind(close)
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+    } else {
+#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
+        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+    }
+    errors.rethrow();
+}
 
 inline int thread_count(int compiled, int32_t requested) {
     if (requested > 0) return requested;
@@ -364,11 +467,6 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typenam
 // problems (measured: 64x64x262144 fp32 spends half its time packing). While
 // one K block computes, the micro-kernel requests the next block's source
 // lines into L2, one line per k step, so the next packing reads from cache.
-struct Region {  // `rows` runs of `bytes` bytes, `stride` bytes apart
-    const char* base = nullptr;
-    int64_t rows = 0, bytes = 0, stride = 0;
-};
-
 class LinePrefetcher {
   public:
     static constexpr int64_t kLine = 64;
@@ -461,7 +559,7 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
         const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
-        LinePrefetcher prefetch;
+        LinePrefetcher prefetch(P.after_a, P.after_b);
         if (const int64_t next = kb + T::KC; next < k1) {
             const int next_kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - next));
             prefetch = LinePrefetcher(block_region(P.a, P.lda, T::a_row, i0, mc, next, next_kc),
@@ -505,8 +603,10 @@ static inline S product(S x, S y) {
     return p;
 }
 
-// C[i0:i0+mc, j0:j0+nc] = alpha * acc + beta * C; C is not read when beta == 0.
-template <class T>
+// C[i0:i0+mc, j0:j0+nc] = epilogue(alpha * acc + beta * C); C is not read
+// when beta == 0. The bias is added in S after alpha/beta, then the
+// activation, then the conversion to the output dtype (CUTLASS's order).
+template <class T, class Epi = PlainEpilogue>
 void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
                 const typename T::Acc* acc) {
     using Out = typename T::C;
@@ -515,12 +615,24 @@ void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
     for (int i = 0; i < mc; ++i) {
         auto* __restrict crow = P.c + (i0 + i) * P.ldc + j0;
         const auto* __restrict arow = acc + size_t(i) * T::NC;
-        if (P.beta == 0.0) {
-            for (int j = 0; j < nc; ++j) crow[j] = Out::store(alpha * S(arow[j]));
+        if constexpr (Epi::plain) {
+            if (P.beta == 0.0) {
+                for (int j = 0; j < nc; ++j) crow[j] = Out::store(alpha * S(arow[j]));
+            } else {
+                for (int j = 0; j < nc; ++j)
+                    crow[j] = Out::store(product(alpha, S(arow[j])) +
+                                         product(beta, S(Out::load(crow[j]))));
+            }
         } else {
-            for (int j = 0; j < nc; ++j)
-                crow[j] = Out::store(product(alpha, S(arow[j])) +
-                                     product(beta, S(Out::load(crow[j]))));
+            using Stored = typename Out::storage;
+            const S row_bias = Epi::bias == Bias::row ? S(Out::load(P.template extra_at<Stored>(0, i0 + i, 0))) : S(0);
+            for (int j = 0; j < nc; ++j) {
+                S v = product(alpha, S(arow[j]));
+                if (P.beta != 0.0) v = v + product(beta, S(Out::load(crow[j])));
+                if constexpr (Epi::bias == Bias::row) v = v + row_bias;
+                if constexpr (Epi::bias == Bias::col) v = v + S(Out::load(P.template extra_at<Stored>(0, 0, j0 + j)));
+                crow[j] = Out::store(activate<Epi::activation>(v));
+            }
         }
     }
 }
@@ -540,15 +652,26 @@ TileCoord tile_coord(const Problem<T>& P, int64_t tile) {
     return t;
 }
 
-// One whole output block: all of K, then the epilogue.
+// Have P's last K block prefetch the first K block of tile `tile` of `next`
+// (the tile this thread computes after P's): small matrices have one K block,
+// so nothing else hides the memory latency of packing the next one.
 template <class T>
+void prefetch_next_tile(Problem<T>& P, const Problem<T>& next, int64_t tile) {
+    const TileCoord t = tile_coord(next, tile);
+    const int64_t kc = std::min<int64_t>(T::KC, next.k);
+    P.after_a = block_region(next.a, next.lda, T::a_row, t.i0, t.mc, 0, kc);
+    P.after_b = block_region(next.b, next.ldb, T::b_row, 0, kc, t.j0, t.nc);
+}
+
+// One whole output block: all of K, then the epilogue.
+template <class T, class Epi = PlainEpilogue>
 void compute_tile(const Problem<T>& P, int64_t tile) {
     const TileCoord t = tile_coord(P, tile);
     auto* acc = Buffers<T>::local().acc.get();
     if (P.k == 0)
         std::fill(acc, acc + size_t(T::MC) * T::NC, typename T::Acc(0));
     accumulate_tile<T>(P, t.i0, t.mc, t.j0, t.nc, 0, P.k, acc, false);
-    store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, acc);
+    store_tile<T, Epi>(P, t.i0, t.mc, t.j0, t.nc, acc);
 }
 
 }  // namespace dcpu

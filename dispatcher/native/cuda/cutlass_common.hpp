@@ -15,6 +15,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
@@ -27,10 +28,49 @@ namespace dcuda {
 
 using namespace cute;
 
+// ------------------------------------------------------------- epilogue ----
+// The fused epilogue a template names with `Epilogue<Bias::.., Activation::..>`
+// (the config's `bias` and `activation`): CUTLASS's epilogue fusion operation
+// D = act(alpha * acc + beta * C + bias), the bias per row or per column of D
+// in the output element type; the plain one is LinearCombination.
+enum class Bias { none, row, col };
+enum class Activation { none, relu, gelu, silu };
+
+template <Activation A> struct ActivationFn;
+template <> struct ActivationFn<Activation::none> { template <class E> using fn = cutlass::epilogue::thread::Identity<E>; };
+template <> struct ActivationFn<Activation::relu> { template <class E> using fn = cutlass::epilogue::thread::ReLu<E>; };
+template <> struct ActivationFn<Activation::gelu> { template <class E> using fn = cutlass::epilogue::thread::GELU<E>; };
+template <> struct ActivationFn<Activation::silu> { template <class E> using fn = cutlass::epilogue::thread::SiLu<E>; };
+
+template <class ElementC, Bias B, Activation A>
+struct FusionOf {
+    using type = cutlass::epilogue::fusion::LinCombEltAct<ActivationFn<A>::template fn, ElementC, float>;
+};
+template <class ElementC>
+struct FusionOf<ElementC, Bias::none, Activation::none> {
+    using type = cutlass::epilogue::fusion::LinearCombination<ElementC, float>;
+};
+template <class ElementC, Activation A>
+struct FusionOf<ElementC, Bias::row, A> {
+    using type = cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<ActivationFn<A>::template fn, ElementC, float>;
+};
+template <class ElementC, Activation A>
+struct FusionOf<ElementC, Bias::col, A> {
+    using type = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ActivationFn<A>::template fn, ElementC, float>;
+};
+
+template <Bias B, Activation A>
+struct Epilogue {
+    static constexpr Bias bias = B;
+    template <class ElementC>
+    using Fusion = typename FusionOf<ElementC, B, A>::type;
+};
+using PlainEpilogue = Epilogue<Bias::none, Activation::none>;
+
 // The mainloop and epilogue collectives of one kernel. LayoutA/B/C are the
 // traits' layouts, or pointers to them for pointer-array (grouped) kernels.
 template <class T, class MainloopSchedule, class EpilogueSchedule, class LayoutA, class LayoutB,
-          class LayoutC>
+          class LayoutC, class Epi = PlainEpilogue>
 struct Collectives {
     static constexpr int kAlignA = 128 / cutlass::sizeof_bits<typename T::ElementA>::value;
     static constexpr int kAlignB = 128 / cutlass::sizeof_bits<typename T::ElementB>::value;
@@ -40,8 +80,7 @@ struct Collectives {
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename T::TileShape,
         typename T::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
         typename T::ElementC, LayoutC, kAlignC, typename T::ElementC, LayoutC, kAlignC,
-        EpilogueSchedule,
-        cutlass::epilogue::fusion::LinearCombination<typename T::ElementC, float>>::CollectiveOp;
+        EpilogueSchedule, typename Epi::template Fusion<typename T::ElementC>>::CollectiveOp;
 
     using Stages = std::conditional_t<
         (T::kStages > 0), cutlass::gemm::collective::StageCount<(T::kStages > 0 ? T::kStages : 2)>,
@@ -53,6 +92,18 @@ struct Collectives {
         typename T::ElementB, LayoutB, kAlignB, float, typename T::TileShape,
         typename T::ClusterShape, Stages, MainloopSchedule>::CollectiveOp;
 };
+
+// A GemmUniversal over problem shape (M, N, K, L) with the traits' schedules
+// and fused epilogue `Epi`, and tile scheduler `Scheduler` (void: the
+// persistent data-parallel one).
+template <class T, class Epi = PlainEpilogue, class Scheduler = void>
+using UniversalGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>,
+    typename Collectives<T, typename T::MainloopSchedule, typename T::EpilogueSchedule, typename T::LayoutA,
+                         typename T::LayoutB, typename T::LayoutC, Epi>::Mainloop,
+    typename Collectives<T, typename T::MainloopSchedule, typename T::EpilogueSchedule, typename T::LayoutA,
+                         typename T::LayoutB, typename T::LayoutC, Epi>::Epilogue,
+    Scheduler>>;
 
 // A CUTLASS stride whose one dynamic leading mode holds `ld` (elements).
 template <class Stride>
@@ -134,6 +185,32 @@ typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
     return arguments;
 }
 
+// The ABI-2 fields of a call on a single-problem kernel's arguments: the
+// batch (mode L, each operand's batch stride; 0 = one matrix for every
+// batch), the per-tensor scales folded into alpha, and the fused bias
+// (extra operand 0; CUTLASS reads it contiguously along its axis, else -2).
+template <class Gemm, class T, class Epi>
+void apply_abi2(typename Gemm::Arguments& arguments, const dispatcher_gemm_args* a) {
+    const int64_t batch = a->batch > 1 ? a->batch : 1;
+    if (batch > INT32_MAX) throw Failure(DISPATCHER_UNSUPPORTED, "batch must fit in 32 bits");
+    cute::get<3>(arguments.problem_shape) = int(batch);
+    cute::get<2>(arguments.mainloop.dA) = a->batch_stride_a;
+    cute::get<2>(arguments.mainloop.dB) = a->batch_stride_b;
+    cute::get<2>(arguments.epilogue.dC) = a->batch_stride_c;
+    cute::get<2>(arguments.epilogue.dD) = a->batch_stride_c;
+    const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
+    arguments.epilogue.thread.alpha = float(a->alpha * scale);
+    if constexpr (Epi::bias != Bias::none) {
+        if (a->extra_count < 1 || !a->extra || !a->extra[0].data)
+            throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
+        const dispatcher_operand& bias = a->extra[0];
+        if ((Epi::bias == Bias::row ? bias.row_stride : bias.col_stride) != 1)
+            throw Failure(DISPATCHER_UNSUPPORTED, "the CUDA bias epilogue reads a contiguous bias vector");
+        arguments.epilogue.thread.bias_ptr = static_cast<const typename T::ElementC*>(bias.data);
+        cute::get<2>(arguments.epilogue.thread.dBias) = bias.batch_stride;
+    }
+}
+
 // Raise the kernel's dynamic shared memory limit once per device. (CUTLASS's
 // initialize() does it on every call: a driver call per launch.)
 template <class Kernel>
@@ -190,16 +267,23 @@ int run_gemm(typename Gemm::Arguments& arguments, void* workspace, int64_t works
     return launch<Gemm>(arguments, params, workspace, stream);
 }
 
-// Everything a single-problem call's params are built from.
-using CallKey = std::array<int64_t, 15>;
+// Everything a single-problem call's params are built from (the ABI-2
+// fields too: batch, strides, scales and the first extra operand).
+using CallKey = std::array<int64_t, 25>;
 
 inline CallKey call_key(const dispatcher_gemm_args* a, int device) {
-    int64_t alpha = 0, beta = 0;
-    std::memcpy(&alpha, &a->alpha, sizeof alpha);
-    std::memcpy(&beta, &a->beta, sizeof beta);
+    auto bits = [](double x) {
+        int64_t v = 0;
+        std::memcpy(&v, &x, sizeof v);
+        return v;
+    };
     auto address = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(p)); };
+    const dispatcher_operand none{nullptr, 0, 0, 0};
+    const dispatcher_operand& e = a->extra_count > 0 && a->extra ? a->extra[0] : none;
     return {address(a->a), address(a->b), address(a->c), a->m, a->n, a->k, a->lda, a->ldb, a->ldc,
-            alpha, beta, address(a->workspace), a->workspace_bytes, a->workers, device};
+            bits(a->alpha), bits(a->beta), address(a->workspace), a->workspace_bytes, a->workers, device,
+            a->batch, a->batch_stride_a, a->batch_stride_b, a->batch_stride_c, bits(a->scale_a),
+            bits(a->scale_b), address(e.data), e.row_stride, e.col_stride, e.batch_stride};
 }
 
 // A single-problem launch whose params are kept per thread with the call
@@ -224,6 +308,16 @@ int run_single(typename Gemm::Arguments& arguments, const dispatcher_gemm_args* 
         last.valid = true;
     }
     return launch<Gemm>(arguments, last.params, a->workspace, stream);
+}
+
+// One call of a single-problem (or batch mode L) GemmUniversal kernel with
+// fused epilogue `Epi`: arguments checked and built, params cached per thread.
+template <class Gemm, class T, class Epi>
+int run_universal(const dispatcher_gemm_args* a) {
+    check_args<T>(a);
+    auto arguments = gemm_arguments<Gemm, T>(a);
+    apply_abi2<Gemm, T, Epi>(arguments, a);
+    return run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
 }
 
 // The ABI guard for CUDA entry points: Failure keeps its status.

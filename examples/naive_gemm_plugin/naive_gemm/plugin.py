@@ -3,10 +3,7 @@
 from pathlib import Path
 
 from dispatcher import dtypes
-from dispatcher.codegen import render
-from dispatcher.hookspecs import hookimpl
-from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.records import VariantRecord
+from dispatcher.plugin_api import VariantRecord, launches_gemm, registers, renders
 
 VARIANT = "naive"
 
@@ -22,22 +19,6 @@ RECORD = VariantRecord(
     description="one dot product per output element (an example plugin)",
 )
 
-
-@hookimpl
-def dispatcher_register_variants():
-    return [RECORD]
-
-
-@hookimpl
-def dispatcher_codegen(config, target):
-    if config.variant != VARIANT:
-        return None
-    return render(Path(__file__).parent, config, target)
-
-
-@hookimpl
-def dispatcher_launch(library, problem, operands, options):
-    if problem.variant != VARIANT:
-        return None
-    library.run_gemm(gemm_args(operands))
-    return LaunchResult(library.name)
+dispatcher_register_variants = registers(RECORD)
+dispatcher_codegen = renders(VARIANT, Path(__file__).parent)
+dispatcher_launch = launches_gemm(VARIANT)

@@ -2,20 +2,18 @@
 ${prelude}
 namespace {
 using T = KernelTraits;
+using Epi = dcpu::Epilogue<dcpu::Bias::${bias}, dcpu::Activation::${activation}>;
 
 int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
-        dcpu::Problem<T> P = dcpu::make_problem<T>(args);
+        dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers);
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
         // bound to their cores keep those panels in their own caches.
-        dcpu::RegionErrors errors;
-#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { dcpu::compute_tile<T>(P, t); });
-        errors.rethrow();
+        dcpu::parallel_tiles(threads, tiles, [&](int64_t t) { dcpu::compute_tile<T, Epi>(P, t); });
         return DISPATCHER_OK;
     });
 }
@@ -23,11 +21,7 @@ int run(const dispatcher_gemm_args* args) {
 const dispatcher_registry_entry kRegistry[] = {{KERNEL_NAME, &run}};
 }  // namespace
 
-DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
-
-extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) {
-    return run(args);
-}
+DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)
 
 extern "C" DISPATCHER_EXPORT const dispatcher_registry_entry* dispatcher_registry(int* count) {
     *count = 1;

@@ -3,25 +3,17 @@
 ${prelude}
 namespace {
 using T = KernelTraits;
-using C = dcuda::Collectives<T, T::MainloopSchedule, T::EpilogueSchedule, T::LayoutA, T::LayoutB, T::LayoutC>;
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                                        C::Mainloop, C::Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
+using Gemm = dcuda::UniversalGemm<T, Epi>;
 
 int run(const dispatcher_gemm_args* a) {
-    return dcuda::guarded([&] {
-        dcuda::check_args<T>(a);
-        auto arguments = dcuda::gemm_arguments<Gemm, T>(a);
-        return dcuda::run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
-    });
+    return dcuda::guarded([&] { return dcuda::run_universal<Gemm, T, Epi>(a); });
 }
 
 const dispatcher_registry_entry kRegistry[] = {{KERNEL_NAME, &run}};
 }  // namespace
 
-DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
-
-extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) { return run(args); }
+DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)
 
 extern "C" DISPATCHER_EXPORT const dispatcher_registry_entry* dispatcher_registry(int* count) {
     *count = 1;

@@ -1,0 +1,1 @@
+"""The `residual` example variant (docs/writing-a-plugin.md)."""

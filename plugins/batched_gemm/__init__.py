@@ -1,0 +1,1 @@
+"""The `batched` variant: strided-batched GEMM with numpy matmul semantics."""
