@@ -100,6 +100,14 @@ class KindProblem:
     def tile_count(self, tile_m: int, tile_n: int) -> int:
         return self.batch * math.ceil(self.m / tile_m) * math.ceil(self.n / tile_n)
 
+    def tuning_key(self) -> tuple:
+        """(text key, sizes for the nearest-problem distance): the batch and
+        the fixed variant-block values are part of the key, since a kernel
+        tuned for one epilogue or batch count is another kernel's question."""
+        fixed = "".join(f",{k}={v}" for k, v in self.options)
+        return (f"{self.batch}x{self.m}x{self.n}x{self.k}{fixed}",
+                (float(self.batch * self.m), float(self.n), float(self.k)))
+
 
 @attrs.frozen
 class Matrix:

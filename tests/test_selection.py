@@ -149,3 +149,16 @@ def test_prebuild_builds_the_catalog(tmp_path):
                             text=True, timeout=60, env=env)
     names = {e.get("name") for e in json.loads(listed.stdout)}
     assert len([n for n in names if n and n.endswith("_grouped")]) == 2
+
+
+def test_declared_kind_problems_have_a_tuning_key(tmp_path, rng):
+    """A tuning database that exists is asked for every kind of problem,
+    batched (declared operands) included."""
+    tuning = TuningDatabase(tmp_path / "tuning.sqlite")
+    a, b = random_matrix(16, 8, "fp32", "r", rng), random_matrix(8, 12, "fp32", "r", rng)
+    d = Dispatcher(tuning=tuning)
+    problem = prepare_gemm(a, b)[0]
+    tuning.record(problem, d.select(problem), 1.0)  # the file now exists
+    x, w = np.stack([a, a, a]), np.stack([b, b, b])
+    out = dispatcher.matmul(x, w, dispatcher=d)
+    assert max_rel(out, np.stack([reference(a, b)] * 3)) <= 1e-5

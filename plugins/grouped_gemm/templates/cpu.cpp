@@ -19,12 +19,12 @@ struct Groups {
     std::vector<int64_t> first_tile{0};
 
     void add(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, int64_t lda,
-             int64_t ldb, int64_t ldc, double alpha, int64_t g) {
+             int64_t ldb, int64_t ldc, double alpha, double beta, int64_t g) {
         if (m < 0 || n < 0 || k < 0)
             throw std::invalid_argument("group " + std::to_string(g) + " has a negative size");
         if (m == 0 || n == 0) return;  // empty group: nothing to write
         dispatcher_gemm_args one{a, b, c, m, n, std::max<int64_t>(k, 1), lda, ldb, ldc,
-                                 alpha, 0.0, nullptr, 0, 0, nullptr};
+                                 alpha, beta, nullptr, 0, 0, nullptr};
         dcpu::Problem<T> P = dcpu::make_problem<T>(&one);
         P.k = k;  // K = 0 stores zeros
         problems.push_back(P);
@@ -56,7 +56,7 @@ int run_list(const dispatcher_grouped_args* args) {
         Groups G;
         for (int64_t g = 0; g < groups; ++g)
             G.add(args->a[g], args->b[g], args->c[g], args->m[g], args->n[g], args->k[g],
-                  args->lda[g], args->ldb[g], args->ldc[g], args->alpha, g);
+                  args->lda[g], args->ldb[g], args->ldc[g], args->alpha, args->beta, g);
         G.run();
         return DISPATCHER_OK;
     });
@@ -86,7 +86,7 @@ int run_stacked(const dispatcher_grouped_mm_args* args) {
         for (int64_t g = 0; g < args->group_count; ++g) {
             const int64_t end = args->offsets[g];
             G.add(a + start * a_row, b + g * args->stride_b, c + start * args->ldc, end - start, args->n,
-                  args->k, args->lda, args->ldb, args->ldc, args->alpha, g);
+                  args->k, args->lda, args->ldb, args->ldc, args->alpha, 0.0, g);
             start = end;
         }
         G.run();
