@@ -20,10 +20,12 @@ import numpy as np
 from . import targets
 from .build import BuildCache
 from .config import KernelConfig
-from .errors import ConfigError, PluginError, ProblemError, UnsupportedProblem
+from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginError, ProblemError,
+                     ToolchainError, UnsupportedProblem)
 from .library import Library
 from .plugins import get_manager
-from .problem import check_arrays, operand_list, prepare_gemm, prepare_grouped, prepare_grouped_mm
+from .problem import (check_arrays, fixed_fields, operand_list, prepare_gemm, prepare_grouped,
+                      prepare_grouped_mm)
 from .records import resolve_launch_options
 from .selection import rank
 from .timing import TimingOptions, median
@@ -95,7 +97,7 @@ class Dispatcher:
                               f"got {type(fields).__name__}")
         base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
                     dtype_c=problem.out_dtype, layout=problem.layout,
-                    **_fixed_fields(problem))
+                    **fixed_fields(problem))
         return self.config_matching(problem, KernelConfig.create(**{**base, **fields}))
 
     def select(self, problem) -> KernelConfig:
@@ -167,9 +169,10 @@ class Dispatcher:
             options = resolve_launch_options(self.manager.variant(problem.variant), options)
         self._check_generation()
         bound = self._launchers.get(problem.variant)
+        result = None
         if bound is not None:
             result = bound(library=library, problem=problem, operands=operands, options=options)
-        else:
+        if result is None:  # not bound yet, or the bound implementation passed this call on
             result, bound = self.manager.launcher(problem.variant, library, problem, operands, options)
             if bound is not None:
                 self._launchers[problem.variant] = bound
@@ -188,11 +191,16 @@ class Dispatcher:
 
     # ------------------------------------------------------------- chains
     def library(self, config: KernelConfig) -> Library:
-        """The loaded library of `config`: built once per machine, loaded once per process."""
-        with self._lock:
-            if config not in self._libraries:
-                self._libraries[config] = self.load(self.build(self.codegen(config)), config)
-            return self._libraries[config]
+        """The loaded library of `config`: built once per machine, loaded once
+        per process. Builds run outside the lock, so threads (autotune) build
+        different configs at once; the build cache makes a second build of one
+        config a lookup."""
+        found = self._libraries.get(config)
+        if found is None:
+            built = self.load(self.build(self.codegen(config)), config)
+            with self._lock:
+                found = self._libraries.setdefault(config, built)
+        return found
 
     def run(self, problem, operands, config=None, options=None):
         _, library = self._chosen(problem, config)
@@ -214,16 +222,28 @@ class Dispatcher:
         for other in self.ranked(problem):
             if other.config != chosen:
                 try:
-                    self.launch(self.library(other.config), problem, operands, options, resolved)
-                    return problem, other.config
-                except UnsupportedProblem:
-                    continue
+                    library = self.library(other.config)
+                    self.launch(library, problem, operands, options, resolved)
+                except (UnsupportedProblem, BuildError, ToolchainError):
+                    continue  # the next ranked kernel
+                with self._lock:  # later calls of this problem go straight to it
+                    self._selected[problem] = other.config
+                    self._ready[problem] = (other.config, library)
+                return problem, other.config
         fallback = self.manager.variant(problem.variant).fallback
         if not fallback:
             raise UnsupportedProblem(f"no kernel of variant {problem.variant!r} runs this problem "
                                      f"(every ranked candidate returned status -2)")
         return self.run_or_fall_back(attrs.evolve(problem, variant=fallback), operands, None, options,
                                      resolved=resolved)
+
+    def _library_or_none(self, config):
+        """The library of `config`, or None if it cannot be built here (an
+        autotune candidate that fails is skipped, not the user's call)."""
+        try:
+            return self.library(config)
+        except (BuildError, ToolchainError, LibraryError):
+            return None
 
     def autotune_if_new(self, problem, operands, options=None):
         """`autotune` the first time `problem` is seen: not yet selected in
@@ -244,7 +264,7 @@ class Dispatcher:
         if not configs or isinstance(operands.c, list):
             return None, {}, 0.0
         with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
-            libraries = list(pool.map(self.library, configs))
+            libraries = list(pool.map(self._library_or_none, configs))
         memory = target.memory
         scratch = memory.empty(operands.c.shape, operands.c.dtype)  # never the caller's C
         trial = attrs.evolve(operands, c=scratch, ldc=max(operands.c.shape[1], 1),
@@ -252,11 +272,13 @@ class Dispatcher:
         options = resolve_launch_options(self.manager.variant(problem.variant), options)
         times = {}
         for config, library in zip(configs, libraries):
+            if library is None:
+                continue
             try:
                 times[config] = median(target.measure(
                     lambda i: self.launch(library, problem, trial, options), AUTOTUNE_TIMING,
                     options.get("stream", 0)))
-            except UnsupportedProblem:
+            except (UnsupportedProblem, KernelError):
                 continue
         if not times:
             return None, {}, time.perf_counter() - started
@@ -299,17 +321,11 @@ class Dispatcher:
             if getattr(config, field) != want:
                 raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
                                   f"but the problem needs {want!r}")
-        for field, want in _fixed_fields(problem).items():
+        for field, want in fixed_fields(problem).items():
             if config.variant_params.get(field) != want:
                 raise ConfigError(f"config {config.name} has {field} "
                                   f"{config.variant_params.get(field)!r} but the problem needs {want!r}")
         return config
-
-
-def _fixed_fields(problem) -> dict:
-    """Variant-block values a problem of a declared kind fixes (its fused
-    epilogue: `kinds.KindProblem.config_fields`); none for other problems."""
-    return getattr(problem, "config_fields", {})
 
 
 _DEFAULT: Dispatcher | None = None
@@ -385,7 +401,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     a_, b_, c_, out_ = session.arrays
     problem, operands, result = prepare_gemm(a_, b_, c=c_, out=out_, alpha=alpha, beta=beta,
                                              out_dtype=out_dtype, variant=variant, target=target,
-                                             memory=session.memory, allocate=session.empty)
+                                             memory=session.memory, allocate=session.empty,
+                                             stream=session.stream)
     host_out = out if isinstance(out, np.ndarray) and out_ is not out else None  # numpy out, device run
     if problem.m == 0 or problem.n == 0:
         return session.finish(result, host_out)
@@ -412,23 +429,24 @@ def _empty_product(d, problem, operands, result, session):
     """K = 0: C = beta * C, never reading C when beta is 0. On the host in
     float64 (then stored as the kernels store); elsewhere by the kernel
     itself on zero-filled K = 16 operands with alpha = 0, so the target's
-    own epilogue scales C."""
+    own epilogue scales C (or writes zeros when beta is 0), in any layout."""
     beta = operands.beta
     if isinstance(result, np.ndarray):
         result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
         return
-    memory = session.memory
-    if not beta:
-        memory.zero(result, result.size * result.itemsize, session.stream)
-        return
+    memory, stream = session.memory, session.stream
     m, n, depth = problem.m, problem.n, 16
     zeros_a, zeros_b = session.empty((m, depth), operands.a.dtype), session.empty((depth, n), operands.b.dtype)
     for x in (zeros_a, zeros_b):
-        memory.zero(x, x.size * x.itemsize, session.stream)
+        memory.zero(x, x.size * x.itemsize, stream)
     zero_problem, zero_operands, _ = prepare_gemm(
-        zeros_a, zeros_b, c=operands.c, out=operands.c, alpha=0.0, beta=beta, out_dtype=problem.out_dtype,
-        variant=problem.variant, target=problem.target, memory=memory)
-    d.run_or_fall_back(zero_problem, zero_operands, None, {"stream": session.stream})
+        zeros_a, zeros_b, c=operands.c if beta else None, out=operands.c, alpha=0.0, beta=beta,
+        out_dtype=problem.out_dtype, variant=problem.variant, target=problem.target, memory=memory,
+        stream=stream)
+    zero_operands, write_back = targets.get(problem.target).aligned(zero_problem, zero_operands, session)
+    d.run_or_fall_back(zero_problem, zero_operands, None, {"stream": stream})
+    if write_back is not None:
+        write_back()
 
 
 def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", config=None,

@@ -53,9 +53,10 @@ def run(variant: str, *, target: str = "cpu", out_dtype=None, config=None, optio
         return session.finish(prepared.result, host_out)
     if prepared.problem.k == 0:  # an empty product: zeros, if nothing else reaches out
         plain = all(v == _default(record, n) for n, v in prepared.problem.options)
-        if target != "cpu" or not plain or record.params or prepared.launches[0].extra:
-            raise ProblemError("K = 0 is only supported on the cpu target, without extra operands, "
-                               "parameters or a fused epilogue")
+        if not isinstance(prepared.result, np.ndarray) or not plain or record.params or \
+                prepared.launches[0].extra:
+            raise ProblemError("K = 0 is only supported on host (cpu target) arrays, without extra "
+                               "operands, parameters or a fused epilogue")
         prepared.result[...] = 0
         return prepared.result
     d = dispatcher or default_dispatcher()

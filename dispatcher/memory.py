@@ -26,7 +26,7 @@ class HostMemory:
     def overlaps(self, x, y) -> bool:
         return np.shares_memory(x, y)
 
-    def copy(self, dst, src):
+    def copy(self, dst, src, stream: int = 0):
         dst[...] = src
 
     def writable(self, x) -> bool:

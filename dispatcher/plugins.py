@@ -105,10 +105,12 @@ class PluginManager:
         impls = caller.get_hookimpls()
         if self.tracing or any(i.hookwrapper or i.wrapper for i in impls):
             return caller(library=library, problem=problem, operands=operands, options=options), None
+        arguments = dict(library=library, problem=problem, operands=operands, options=options)
         for impl in reversed(impls):  # pluggy calls the last registered first
-            result = impl.function(library=library, problem=problem, operands=operands, options=options)
+            call = _with_its_arguments(impl)
+            result = call(**arguments)
             if result is not None:
-                return result, impl.function
+                return result, call
         return None, None
 
     def _collect_variants(self) -> dict:
@@ -149,6 +151,13 @@ class PluginManager:
             variants = tuple(sorted(n for n, r in self._variants.items() if r.provider == name))
             out.append(attrs.evolve(info, hooks=hooks, variants=variants))
         return out
+
+
+def _with_its_arguments(impl):
+    """`impl` callable with every argument of the hook spec: an
+    implementation may declare only some of them (pluggy passes it those)."""
+    names = tuple(impl.argnames)
+    return lambda **arguments: impl.function(**{name: arguments[name] for name in names})
 
 
 def _warn_unknown_disabled(disabled: set, installed: list):

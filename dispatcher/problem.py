@@ -176,6 +176,13 @@ class StackedOperands:
     alpha: float = 1.0
 
 
+def fixed_fields(problem) -> dict:
+    """Variant-block values a problem fixes (a declared kind's fused
+    epilogue: `kinds.KindProblem.config_fields`); none for other problems.
+    A kernel without them computes something else."""
+    return getattr(problem, "config_fields", {})
+
+
 # ------------------------------------------------------------------ layouts
 def possible_layouts(x: np.ndarray, what: str) -> list:
     """[(layout char, leading dim)] this 2-D array can be read as, row first."""
@@ -360,12 +367,13 @@ def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, vari
 
 
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
-                 variant="regular", target="cpu", memory=HOST, allocate=None):
+                 variant="regular", target="cpu", memory=HOST, allocate=None, stream: int = 0):
     """(problem, operands, result) for C = alpha*a@b + beta*c.
 
     `result` is the array the caller gets back (`out` if given). A
     column-major result is computed as its row-major transpose
-    (C^T = B^T A^T), so kernels only ever write row-major C.
+    (C^T = B^T A^T), so kernels only ever write row-major C. `stream`: where
+    the kernel will run; copying `c` into the result is ordered on it.
     """
     _check_memory(memory, ("a", a), ("b", b), ("c", c), ("out", out))
     alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
@@ -388,7 +396,7 @@ def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
         if memory.overlaps(c, result):
             raise AliasingError("c partially overlaps out; c may be out itself, or a view of "
                                 "exactly its elements, but not a part of them")
-        memory.copy(result, c)
+        memory.copy(result, c, stream)
     A, B, C = (b.T, a.T, result.T) if plan.transposed else (a, b, result)
     operands = GemmOperands(A, B, C, plan.lda, plan.ldb, plan.ldc, alpha, beta)
     return plan.problem, operands, result

@@ -19,6 +19,7 @@ from pathlib import Path
 from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
+from .problem import fixed_fields
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS winners (
@@ -98,7 +99,8 @@ class TuningDatabase:
                 config = KernelConfig.from_dict(json.loads(row[4]))
             except DispatcherError:
                 continue  # a stale entry (plugin or schema changed): not usable
-            if not config.problems():
+            fixed = fixed_fields(problem)  # a tuned plain kernel must not serve a fused-epilogue call
+            if not config.problems() and all(config.variant_params.get(k) == v for k, v in fixed.items()):
                 return config
         return None
 

@@ -99,12 +99,13 @@ def test_status_minus_two_falls_back_to_the_next_ranked_kernel(faulty_dispatcher
     problem, operands, result = prepare_gemm(a, b, variant="faulty")
     ranked = [e.config.variant_params["behaviour"] for e in d.ranked(problem)]
     assert ranked == ["unsupported", "ok"]
+    with pytest.raises(errors.UnsupportedProblem, match="runs no problem"):
+        d.run_or_fall_back(problem, operands, strict=True)
     poison(result)
     ran_problem, ran = d.run_or_fall_back(problem, operands)
     assert ran.variant_params["behaviour"] == "ok"
     assert max_rel(result, reference(a, b)) <= 1e-5
-    with pytest.raises(errors.UnsupportedProblem, match="runs no problem"):
-        d.run_or_fall_back(problem, operands, strict=True)
+    assert d.select(problem) == ran  # later calls of the problem go straight to the kernel that ran
 
 
 def test_autotune_times_the_top_candidates_and_stores_the_winner(tmp_path, rng):

@@ -176,6 +176,27 @@ class CpuTarget:
         """`operands` as they are: CPU kernels load any alignment."""
         return operands, None
 
+    def benchmark_devices(self) -> list:
+        """Benchmark workers of a sweep by default: one, on this machine's CPUs."""
+        return ["0"]
+
+    def worker_environment(self, device: str, slot: int, slots: int) -> dict:
+        """Slot `slot` of `slots` gets every `slots`-th CPU of this process,
+        bound, so concurrent benchmark workers do not share cores."""
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            list(range(os.cpu_count() or 1))
+        mine = cpus[slot::slots] or cpus
+        return dict(DISPATCHER_WORKER_CPUS=",".join(map(str, mine)), OMP_NUM_THREADS=str(len(mine)),
+                    OMP_PROC_BIND="close")
+
+    def ray_slot(self, nodes: list, slot_cpus: int) -> tuple:
+        """(actor resources, worker environment, slots) of a Ray benchmark
+        slot: `slot_cpus` CPUs (default: as many as the smallest node has),
+        as many slots as the nodes' CPUs hold."""
+        cpus = slot_cpus or min((int(r.get("CPU", 0)) for r in nodes if r.get("CPU")), default=0)
+        count = sum(int(r.get("CPU", 0)) // cpus for r in nodes) if cpus else 0
+        return {"num_cpus": cpus}, {"OMP_NUM_THREADS": str(cpus)}, count
+
     def parallelism(self, config) -> int:
         """Workers a kernel of `config` runs on here."""
         return config.target_params["threads"] or cpu_count()

@@ -246,6 +246,20 @@ class CudaTarget:
         from . import cuda_memory
         return cuda_memory.aligned_operands(problem, operands, session)
 
+    def benchmark_devices(self) -> list:
+        """Benchmark workers of a sweep by default: one per visible GPU."""
+        from . import cuda_memory
+        return [str(i) for i in range(cuda_memory.device_count())] or ["0"]
+
+    def worker_environment(self, device: str, slot: int, slots: int) -> dict:
+        """A benchmark worker sees only its GPU."""
+        return {"CUDA_VISIBLE_DEVICES": device}
+
+    def ray_slot(self, nodes: list, slot_cpus: int) -> tuple:
+        """(actor resources, worker environment, slots) of a Ray benchmark
+        slot: one GPU (and `slot_cpus` CPUs, default 1), one slot per GPU."""
+        return {"num_gpus": 1, "num_cpus": slot_cpus or 1}, {}, int(sum(r.get("GPU", 0) for r in nodes))
+
     def parallelism(self, config) -> int:
         """Multiprocessors of the GPU (132 on an H200 when none is visible)."""
         try:

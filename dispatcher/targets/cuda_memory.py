@@ -123,13 +123,14 @@ _BOUND = _BoundDevice()
 
 
 def _bind_thread(device: int):
-    """Make `device`'s primary context current in this thread, once per
-    thread and device. CUTLASS encodes TMA descriptors with the driver API,
+    """Make `device` (the operands' GPU) current in this thread, with its
+    primary context; its kernels launch there. CUTLASS encodes TMA descriptors with the driver API,
     which needs a current context, and a thread that has made no runtime
     call has none: torch runs backward passes on its own device threads
     (cuTensorMapEncodeTiled failed there with error 201, invalid context)."""
-    if _BOUND.device != device:
-        _cupy().cuda.runtime.setDevice(device)
+    runtime = _cupy().cuda.runtime
+    if _BOUND.device != device or runtime.getDevice() != device:
+        runtime.setDevice(device)
         _BOUND.device = device
 
 
@@ -216,13 +217,17 @@ def _round_up(n: int, step: int) -> int:
     return -(-max(n, 1) // step) * step
 
 
-def _padded_copy(x: DeviceArray, rows: int, cols: int, row_major: bool, stream: int,
+def _padded_copy(x: DeviceArray, rows: int, cols: int, row_major: bool, session,
                  copy_data: bool = True) -> tuple:
     """(a zero-filled (rows, cols) matrix in the layout the kernel reads x in,
-    with a 16-byte pitch, holding x in its top-left corner; its pitch)."""
+    with a 16-byte pitch, holding x in its top-left corner; its pitch).
+    Allocated by the session (torch's or CuPy's allocator on the session's
+    stream), so the memory is not reused before the launch on that stream
+    is done with it."""
+    stream = session.stream
     outer, inner = (rows, cols) if row_major else (cols, rows)
     pitch = _round_up(inner, ALIGN_BYTES // x.itemsize)
-    buf = DEVICE.empty((outer, pitch), x.dtype)
+    buf = session.empty((outer, pitch), x.dtype)
     DEVICE.zero(buf, outer * pitch * x.itemsize, stream)
     whole = DeviceArray((outer, inner), (pitch * x.itemsize, x.itemsize), x.dtype, buf.ptr, buf.owner)
     whole = whole if row_major else whole.T
@@ -257,16 +262,15 @@ def aligned_operands(problem, operands, session):
     if fits(a, operands.lda, pad_m, pad_k) and fits(b, operands.ldb, pad_k, pad_n) and \
             fits(c, operands.ldc, pad_m, pad_n):
         return operands, None
-    stream = session.stream
     changes = {}
     if not fits(a, operands.lda, pad_m, pad_k):
-        changes["a"], changes["lda"] = _padded_copy(a, pad_m, pad_k, a_row, stream)
+        changes["a"], changes["lda"] = _padded_copy(a, pad_m, pad_k, a_row, session)
     if not fits(b, operands.ldb, pad_k, pad_n):
-        changes["b"], changes["ldb"] = _padded_copy(b, pad_k, pad_n, b_row, stream)
+        changes["b"], changes["ldb"] = _padded_copy(b, pad_k, pad_n, b_row, session)
     restore = None
     if not fits(c, operands.ldc, pad_m, pad_n):
-        changes["c"], changes["ldc"] = _padded_copy(c, pad_m, pad_n, True, stream, copy_data=operands.beta != 0)
-        restore = lambda: DEVICE.copy(c, _corner(changes["c"], m, n), stream)
+        changes["c"], changes["ldc"] = _padded_copy(c, pad_m, pad_n, True, session, copy_data=operands.beta != 0)
+        restore = lambda: DEVICE.copy(c, _corner(changes["c"], m, n), session.stream)
     return attrs.evolve(operands, **changes), restore
 
 

@@ -79,12 +79,10 @@ class LocalSlot:
 
 def parse_devices(text, target: str) -> list:
     """--devices: ids "0,1" (one worker each; "0,0" runs two workers on GPU 0)
-    or one id "3". Default: every visible GPU, or one CPU worker."""
+    or one id "3". Default: the target's (every visible GPU, or one CPU worker)."""
     if text is None or text == "":
-        if target == "cpu":
-            return ["0"]
-        from ..targets import cuda_memory
-        return [str(i) for i in range(cuda_memory.device_count())] or ["0"]
+        from .. import targets
+        return targets.get(target).benchmark_devices()
     ids = [d.strip() for d in str(text).split(",") if d.strip()]
     if not ids or not all(d.isdigit() for d in ids):
         raise ConfigError(f"--devices wants device ids like 0 or 0,1, got {text!r}")
@@ -92,12 +90,7 @@ def parse_devices(text, target: str) -> list:
 
 
 def slot_environment(target: str, device: str, slot: int, slots: int) -> dict:
-    env = dict(os.environ)
-    if target == "cpu":
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-        mine = cpus[slot::slots] or cpus
-        env.update(DISPATCHER_WORKER_CPUS=",".join(map(str, mine)), OMP_NUM_THREADS=str(len(mine)),
-                   OMP_PROC_BIND="close")
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = device
-    return env
+    """The environment of benchmark slot `slot` of `slots` on `device`: the
+    target's share of the machine (CPUs, or one GPU)."""
+    from .. import targets
+    return {**os.environ, **targets.get(target).worker_environment(device, slot, slots)}

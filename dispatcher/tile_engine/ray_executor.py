@@ -220,18 +220,13 @@ class RayExecutor:
         return [RaySlot(i, header, resources, env, self) for i in range(count)]
 
     def _slot_plan(self):
-        """(actor resources, worker environment, slot count): every GPU, or
-        on the CPU target one slot per `--slot-cpus` CPUs of each node
-        (default: as many CPUs as the smallest node has)."""
+        """(actor resources, worker environment, slot count): the target's
+        `ray_slot` plan (every GPU, or one slot per `--slot-cpus` CPUs of
+        each node), unless `--slots` says how many."""
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        if self.target == "cpu":
-            cpus = self.slot_cpus or min((int(r.get("CPU", 0)) for r in nodes if r.get("CPU")), default=0)
-            count = self.slot_count or sum(int(r.get("CPU", 0)) // cpus for r in nodes) if cpus else 0
-            plan = {"num_cpus": cpus}, {"OMP_NUM_THREADS": str(cpus)}, count
-        else:
-            cpus = self.slot_cpus or 1
-            count = self.slot_count or int(sum(r.get("GPU", 0) for r in nodes))
-            plan = {"num_gpus": 1, "num_cpus": cpus}, {}, count
+        from .. import targets
+        resources, env, count = targets.get(self.target).ray_slot(nodes, self.slot_cpus)
+        plan = resources, env, self.slot_count or count
         if not plan[2]:
             raise ConfigError(f"the Ray cluster has no room for a benchmark slot of the {self.target} "
                               f"target ({plan[0]}); its nodes have {nodes}")
