@@ -214,6 +214,29 @@ def test_linear_is_a_drop_in():
     assert isinstance(layer, torch.nn.Linear)
 
 
+def test_linear_under_autocast_computes_as_nn_linear():
+    """An fp32 layer under torch.autocast(bf16): bf16 output and fp32
+    parameter gradients, as nn.Linear gives; the same values within bf16
+    rounding (both compute from the same bf16-cast inputs)."""
+    torch.manual_seed(0)
+    ref_layer = torch.nn.Linear(64, 40)
+    layer = dt.Linear.from_linear(torch.nn.Linear(64, 40))
+    layer.load_state_dict(ref_layer.state_dict())
+    x = matrix(24, 64, "fp32")
+    outs, grads = [], []
+    for model in (ref_layer, layer):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x)
+        y.float().square().sum().backward()
+        outs.append(y)
+        grads.append(model.weight.grad)
+    assert outs[1].dtype == outs[0].dtype == torch.bfloat16
+    assert grads[1].dtype == torch.float32
+    assert rel(outs[1], f64(outs[0])) <= 2 * TOL["bf16"]
+    assert rel(grads[1], f64(grads[0])) <= 4 * TOL["bf16"]
+
+
 def test_swap_linears_in_place_shares_parameters():
     class Block(torch.nn.Module):
         def __init__(self):

@@ -12,7 +12,8 @@ class Linear(torch.nn.Linear):
     """A drop-in `torch.nn.Linear`: the same parameters (`weight` of shape
     (out_features, in_features), optional `bias`), initialization and
     state_dict; y = x @ weight^T + bias runs `gemm_dispatcher::gemm` on
-    `weight.t()`, a column-major view (no copy, forward or backward).
+    `weight.t()`, a column-major view (no copy, forward or backward). Under
+    `torch.autocast` it computes in the autocast dtype, as nn.Linear does.
 
     variant, config, autotune: as for `dispatcher.gemm`; the backward GEMMs
     run the same variant and autotune, but config applies to the forward
@@ -41,8 +42,8 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = gemm(x.reshape(-1, self.in_features), self.weight.t(), variant=self.variant,
                  config=self.config, autotune=self.autotune)
-        if self.bias is not None:
-            y = y + self.bias
+        if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
+            y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -137,6 +137,18 @@ def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: f
     return gemm(x, y, alpha=alpha, out_dtype=like.dtype, **selection)
 
 
+def autocast(*tensors) -> tuple:
+    """`tensors` as torch's own matmuls take them under `torch.autocast` for
+    their device: floating ones cast to the autocast dtype (bf16 or fp16);
+    unchanged when autocast is off. Differentiable (a cast), and traced by
+    torch.compile like any cast."""
+    device = next((t.device.type for t in tensors if t is not None), None)
+    if device is None or not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
          autotune=None):
     """`torch.ops.gemm_dispatcher.gemm`: alpha * a @ b + beta * c on the
@@ -151,8 +163,10 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     backward GEMMs, which are selected for their own shapes and layouts.
     autotune: as for dispatcher.gemm (None: $DISPATCHER_AUTOTUNE), for the
     backward GEMMs too; each problem is tuned once, on its first call, so
-    make that call before capturing a CUDA graph.
+    make that call before capturing a CUDA graph. Under `torch.autocast`,
+    floating inputs are cast to the autocast dtype first, as for torch.mm.
     """
+    a, b, c = autocast(a, b, c)
     return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config),
                                           autotune)
 
