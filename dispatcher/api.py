@@ -25,7 +25,7 @@ from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginE
 from .library import Library
 from .plugins import get_manager
 from .problem import (check_arrays, fixed_fields, operand_list, prepare_gemm, prepare_grouped,
-                      prepare_grouped_mm)
+                      prepare_grouped_mm, unmet_fields)
 from .records import resolve_launch_options
 from .selection import rank
 from .timing import TimingOptions, median
@@ -289,10 +289,10 @@ class Dispatcher:
             self._selected[problem] = winner
             self._ready.pop(problem, None)
         spent = time.perf_counter() - started
+        by_name = {c.name: t for c, t in times.items()}
         log.info("autotune %s: %s won of %d in %.2f s", problem, winner.name, len(times), spent)
-        self.autotune_log.append(dict(problem=problem, winner=winner.name, seconds=spent,
-                                      times={c.name: t for c, t in times.items()}))
-        return winner, {c.name: t for c, t in times.items()}, spent
+        self.autotune_log.append(dict(problem=problem, winner=winner.name, seconds=spent, times=by_name))
+        return winner, by_name, spent
 
     def ready(self, problem) -> tuple:
         """(selected config, its loaded library) for `problem`, memoized: the
@@ -321,10 +321,10 @@ class Dispatcher:
             if getattr(config, field) != want:
                 raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
                                   f"but the problem needs {want!r}")
-        for field, want in fixed_fields(problem).items():
-            if config.variant_params.get(field) != want:
-                raise ConfigError(f"config {config.name} has {field} "
-                                  f"{config.variant_params.get(field)!r} but the problem needs {want!r}")
+        unmet = unmet_fields(problem, config)
+        if unmet:
+            field, have, want = unmet[0]
+            raise ConfigError(f"config {config.name} has {field} {have!r} but the problem needs {want!r}")
         return config
 
 

@@ -314,7 +314,7 @@ def cmd_explain(args):
     """The ranked candidates of one problem with their estimates, and why
     the others were rejected; nothing is built or run (no GPU needed)."""
     d = Dispatcher()
-    _check_kind(d, args.variant)
+    d.manager.variant(args.variant)  # PluginError naming the known variants
     problem = _problem_record(args.variant, args.target, args.dtype, args.out_dtype, args.layout,
                               args.m, args.n, args.k)
     found = d.explain(problem)
@@ -339,10 +339,6 @@ def cmd_explain(args):
     return 0
 
 
-def _check_kind(d, variant):
-    d.manager.variant(variant)  # PluginError naming the known variants
-
-
 def cmd_prebuild(args):
     """Every config of the variants' catalogs for the dtypes and layouts
     asked, built into the cache in parallel, so a machine runs without
@@ -355,7 +351,7 @@ def cmd_prebuild(args):
     variants = args.variant or sorted(n for n, r in d.manager.variants().items() if args.target in r.targets)
     configs, skipped = {}, 0
     for variant in variants:
-        _check_kind(d, variant)
+        d.manager.variant(variant)  # PluginError naming the known variants
         for dtype in args.dtype:
             for layout in args.layout:
                 found, rejected = d.default_configs(_problem_record(variant, args.target, dtype, None, layout))

@@ -19,7 +19,7 @@ from pathlib import Path
 from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
-from .problem import fixed_fields
+from .problem import unmet_fields
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS winners (
@@ -78,14 +78,9 @@ class TuningDatabase:
         if not self.path.exists():
             return None
         key, sizes = problem_key(problem)
-        try:
-            with self._connect() as con:
-                rows = con.execute(
-                    "SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? AND "
-                    "target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
-                    self._scope(problem)).fetchall()
-        except sqlite3.DatabaseError as e:
-            raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
+        rows = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
+                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
+                            self._scope(problem))
         if not rows:
             return None
 
@@ -99,8 +94,8 @@ class TuningDatabase:
                 config = KernelConfig.from_dict(json.loads(row[4]))
             except DispatcherError:
                 continue  # a stale entry (plugin or schema changed): not usable
-            fixed = fixed_fields(problem)  # a tuned plain kernel must not serve a fused-epilogue call
-            if not config.problems() and all(config.variant_params.get(k) == v for k, v in fixed.items()):
+            # (a tuned plain kernel must not serve a fused-epilogue call)
+            if not config.problems() and not unmet_fields(problem, config):
                 return config
         return None
 
@@ -109,14 +104,18 @@ class TuningDatabase:
         if not self.path.exists():
             return False
         key, _ = problem_key(problem)
+        return bool(self._select("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "
+                                 "dtype=? AND out_dtype=? AND layout=? AND problem=?",
+                                 (*self._scope(problem), key)))
+
+    def _select(self, sql: str, parameters) -> list:
+        """The rows of one query, or DispatcherError if the file is not a
+        readable database."""
         try:
             with self._connect() as con:
-                row = con.execute("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "
-                                  "dtype=? AND out_dtype=? AND layout=? AND problem=?",
-                                  (*self._scope(problem), key)).fetchone()
+                return con.execute(sql, parameters).fetchall()
         except sqlite3.DatabaseError as e:
             raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
-        return row is not None
 
     def entries(self) -> list:
         if not self.path.exists():

@@ -234,15 +234,14 @@ class CudaTarget:
         return total
 
     def aligned(self, problem, operands, session):
-        """(operands whose pointers and leading dimensions TMA can read, a
-        function that writes the result back, or None). TMA needs 16-byte
-        aligned addresses and row pitches, which odd leading dimensions
-        break; CUTLASS's cp.async mainloops need at least 4 bytes, which odd
-        bf16 dimensions break too. So an operand that is not aligned is
-        copied once into a buffer whose row pitch is rounded up to 16
-        bytes, and an unaligned C is computed in such a buffer and copied
-        back: every problem runs on the TMA kernels, for two extra passes
-        over the unaligned operands."""
+        """(operands TMA can read, a function that writes the result back, or
+        None). TMA needs 16-byte aligned addresses, row pitches and
+        contiguous extents, which odd sizes and views at odd offsets break;
+        CUTLASS's cp.async mainloops need at least 4 bytes, which odd bf16
+        sizes break too. So an operand that does not fit is copied once into
+        a zero-padded buffer with a 16-byte pitch, and a C that does not is
+        computed in such a buffer and copied back: every problem runs on the
+        TMA kernels, for extra passes over the operands that did not fit."""
         from . import cuda_memory
         return cuda_memory.aligned_operands(problem, operands, session)
 

@@ -259,18 +259,16 @@ def aligned_operands(problem, operands, session):
     def fits(x, ld, rows, cols):
         return x.shape == (rows, cols) and x.ptr % ALIGN_BYTES == 0 and (ld * x.itemsize) % ALIGN_BYTES == 0
 
-    if fits(a, operands.lda, pad_m, pad_k) and fits(b, operands.ldb, pad_k, pad_n) and \
-            fits(c, operands.ldc, pad_m, pad_n):
-        return operands, None
-    changes = {}
+    changes, restore = {}, None
     if not fits(a, operands.lda, pad_m, pad_k):
         changes["a"], changes["lda"] = _padded_copy(a, pad_m, pad_k, a_row, session)
     if not fits(b, operands.ldb, pad_k, pad_n):
         changes["b"], changes["ldb"] = _padded_copy(b, pad_k, pad_n, b_row, session)
-    restore = None
     if not fits(c, operands.ldc, pad_m, pad_n):
         changes["c"], changes["ldc"] = _padded_copy(c, pad_m, pad_n, True, session, copy_data=operands.beta != 0)
         restore = lambda: DEVICE.copy(c, _corner(changes["c"], m, n), session.stream)
+    if not changes:
+        return operands, None
     return attrs.evolve(operands, **changes), restore
 
 
