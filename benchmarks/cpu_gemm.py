@@ -36,7 +36,7 @@ from common import RESULTS, environment, geomean, load_shapes, time_interleaved,
 from dispatcher.api import Dispatcher
 from dispatcher.build import BuildCache
 from dispatcher.cli import run_once
-from dispatcher.problem import prepare_gemm
+from dispatcher.kinds import prepare_gemm
 from dispatcher.targets import cpu_isa
 from dispatcher.timing import TimingOptions
 from dispatcher.verify import random_matrix

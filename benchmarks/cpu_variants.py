@@ -28,7 +28,7 @@ from common import (environment, geomean, load_shapes, time_call, time_interleav
                     warn_if_openblas_throttled, write)
 from dispatcher.api import Dispatcher
 from dispatcher.cli import run_once
-from dispatcher.problem import prepare_gemm
+from dispatcher.kinds import prepare_gemm
 from dispatcher.timing import TimingOptions
 from regular_gemm.plugin import CPU_DEFAULTS as REGULAR_DEFAULTS
 

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dispatcher  # noqa: E402
 from common import environment, geomean, load_shapes  # noqa: E402
 from dispatcher.api import Dispatcher  # noqa: E402
-from dispatcher.problem import prepare_gemm, prepare_grouped_mm  # noqa: E402
+from dispatcher.kinds import prepare_gemm  # noqa: E402
+from dispatcher.problem import prepare_grouped_mm  # noqa: E402
 from dispatcher.targets import get as get_target  # noqa: E402
 from dispatcher.timing import TimingOptions, measure_cuda, median  # noqa: E402
 from dispatcher.tuning import TuningDatabase  # noqa: E402

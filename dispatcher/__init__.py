@@ -7,7 +7,7 @@ See docs/architecture.md for the path of a call through the hooks.
 """
 
 from .api import Dispatcher, gemm, grouped_gemm, grouped_mm
-from .calls import matmul, run
+from .api import matmul, plan, run
 from .build import BuildCache
 from .config import KernelConfig
 from .errors import (AliasingError, BuildError, CacheError, ConfigError, DispatcherError,
@@ -16,7 +16,7 @@ from .errors import (AliasingError, BuildError, CacheError, ConfigError, Dispatc
 from .problem import GemmProblem, GroupedGemmProblem
 
 __all__ = [
-    "Dispatcher", "gemm", "grouped_gemm", "grouped_mm", "matmul", "run", "BuildCache", "KernelConfig", "GemmProblem",
+    "Dispatcher", "gemm", "grouped_gemm", "grouped_mm", "matmul", "plan", "run", "BuildCache", "KernelConfig", "GemmProblem",
     "GroupedGemmProblem", "AliasingError", "BuildError", "CacheError", "ConfigError",
     "DispatcherError", "DtypeError", "KernelError", "LayoutError", "LibraryError", "PluginError",
     "ProblemError", "ToolchainError", "UnsupportedProblem",

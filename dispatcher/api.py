@@ -1,348 +1,37 @@
-"""The Python API: `gemm`, `grouped_gemm` and the step-by-step `Dispatcher`.
+"""The Python API, the entry points of every call: `gemm`, `matmul`,
+`run` and `plan` for single, batched and declared problem kinds,
+`grouped_gemm` and `grouped_mm` for grouped ones.
 
-One call walks select -> codegen -> build -> load -> launch through the
-hooks (see `dispatcher.hookspecs`). Libraries are built on first use and
-cached on disk; loaded libraries and selections are memoized per process.
+A call's path: its variant's record (`plugins`) -> its arrays imported
+into the target's memory (`targets`) -> the plan of its kind of call
+(`plans`: checks, layout and selection made once, `kinds`) -> the bound
+launch (`dispatch`, the variant's `dispatcher_launch`) -> the kernel's C
+entry point (`library`). See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-
-import attrs
 import numpy as np
 
-from . import targets
-from .build import BuildCache
-from .config import KernelConfig
-from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginError, ProblemError,
-                     ToolchainError, UnsupportedProblem)
-from .library import Library
+from . import dtypes, kinds, plans, targets
+from .dispatch import Dispatcher, autotune_default, default_dispatcher
+from .errors import ConfigError, ProblemError
 from .plugins import get_manager
-from .problem import (check_arrays, fixed_fields, operand_list, prepare_gemm, prepare_grouped,
-                      prepare_grouped_mm, unmet_fields)
+from .problem import check_arrays, operand_list, prepare_grouped, prepare_grouped_mm
 from .records import resolve_launch_options
-from .selection import rank
-from .timing import TimingOptions, median
-from .tuning import TuningDatabase
 
-log = logging.getLogger("dispatcher")
-
-# Autotune: how many ranked candidates are built and timed, and how.
-AUTOTUNE_TOP_K = 4
-AUTOTUNE_TIMING = TimingOptions(warmup=2, repeat=10, flush_l2=False)
-
-
-def autotune_default() -> bool:
-    """`DISPATCHER_AUTOTUNE=1` turns autotune on for calls that do not say."""
-    return os.environ.get("DISPATCHER_AUTOTUNE", "") not in ("", "0")
-
-
-class Dispatcher:
-    """The four hook steps, one method each, plus `run` that chains them."""
-
-    def __init__(self, cache: BuildCache | None = None, tuning="default", manager=None):
-        """tuning: a TuningDatabase, None for none, or "default" for the one
-        in the build cache directory (what `gemm-dispatcher sweep` writes)."""
-        self.manager = manager or get_manager()
-        self.cache = cache or BuildCache()
-        self.tuning = TuningDatabase(self.cache.root / "tuning.sqlite") if tuning == "default" else tuning
-        self._libraries: dict = {}
-        self._selected: dict = {}
-        self._ready: dict = {}  # problem -> (selected config, its library): one lookup per call
-        self._lock = threading.Lock()
-        self.autotune_log: list = []  # what each autotune cost and chose
-        self._launchers: dict = {}  # variant -> its bound dispatcher_launch implementation
-        self._generation = self.manager.generation
-
-    @property
-    def hook(self):
-        return self.manager.hook
-
-    # ------------------------------------------------------------ the steps
-    def candidates(self, problem) -> list:
-        """The variant's default configs for this problem that can be built here."""
-        return self.default_configs(problem)[0]
-
-    def default_configs(self, problem) -> tuple:
-        """(the variant's default configs for `problem` that can be built
-        here, sorted by name; [(config, why not)] for the others)."""
-        record = self.manager.variant(problem.variant)
-        configs, rejected = {}, []
-        for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
-            try:
-                config = self.config_for(problem, fields)
-            except ConfigError as e:
-                rejected.append((fields, str(e)))
-                continue
-            problems = config.problems()
-            if problems:
-                rejected.append((config.name, "; ".join(problems)))
-            else:
-                configs[config.name] = config
-        return [configs[n] for n in sorted(configs)], rejected
-
-    def config_for(self, problem, fields) -> KernelConfig:
-        """A KernelConfig for `problem` from a dict of fields (tiles, block
-        options). Core fields it names are checked against the problem as a
-        KernelConfig's are: a kernel built for other dtypes or another layout
-        would read and write the buffers as what they are not."""
-        if not isinstance(fields, Mapping):
-            raise ConfigError(f"config must be a KernelConfig or a dict of config fields, "
-                              f"got {type(fields).__name__}")
-        base = dict(variant=problem.variant, target=problem.target, dtype=problem.dtype,
-                    dtype_c=problem.out_dtype, layout=problem.layout,
-                    **fixed_fields(problem))
-        return self.config_matching(problem, KernelConfig.create(**{**base, **fields}))
-
-    def select(self, problem) -> KernelConfig:
-        key = problem
-        if key not in self._selected:
-            candidates, rejected = self.default_configs(problem)
-            chosen = self.hook.dispatcher_select_library(
-                problem=problem, candidates=candidates, tuning=self.tuning)
-            if chosen is None:
-                raise PluginError(self._no_kernel_message(problem, rejected))
-            self._selected[key] = chosen
-        return self._selected[key]
-
-    def ranked(self, problem) -> list:
-        """The buildable default configs as `selection.Estimate`s, best first."""
-        return rank(problem, self.candidates(problem), self.manager)
-
-    def explain(self, problem) -> dict:
-        """What selection would do for `problem`, running nothing: the tuned
-        config (if any), the ranked candidates with their estimates, and the
-        rejected ones with the reason."""
-        candidates, rejected = self.default_configs(problem)
-        tuned = self.tuning.lookup(problem, candidates) if self.tuning is not None else None
-        chosen = self.hook.dispatcher_select_library(problem=problem, candidates=candidates,
-                                                     tuning=self.tuning)
-        return dict(problem=problem, tuned=tuned, chosen=chosen,
-                    ranked=rank(problem, candidates, self.manager), rejected=rejected)
-
-    def _no_kernel_message(self, problem, rejected) -> str:
-        target = targets.get(problem.target)
-        lines = [f"no kernel can run variant {problem.variant!r} on {problem.target!r} "
-                 f"({target.parallelism_hint()}) for {problem.dtype} {problem.layout}: "
-                 + ("the tuning database has no entry and " if self.tuning is not None
-                    else "no tuning database is used and ")
-                 + ("every default config was rejected:" if rejected
-                    else "the variant has no default config for it")]
-        lines += [f"  {name}: {why}" for name, why in rejected]
-        lines.append("What to do: pass config= with a config that builds here, tune the problem "
-                     "with `gemm-dispatcher sweep`, or pick another variant or target "
-                     "(the CPU target's ISA: DISPATCHER_CPU_ISA).")
-        return "\n".join(lines)
-
-    def codegen(self, config: KernelConfig):
-        problems = config.problems()
-        if problems:
-            raise ConfigError(f"cannot build {config.name}: {'; '.join(problems)}")
-        source = self.hook.dispatcher_codegen(config=config, target=targets.get(config.target))
-        if source is None:
-            raise PluginError(f"no plugin generates code for variant {config.variant!r}")
-        return source
-
-    def build(self, source):
-        built = self.hook.dispatcher_build(source=source, target=targets.get(source.config.target),
-                                           cache=self.cache)
-        if built is None:
-            raise PluginError(f"no plugin builds {source.name}")
-        return built
-
-    def load(self, built, config: KernelConfig) -> Library:
-        return Library(built.path, expected_name=config.name, config=config)
-
-    def launch(self, library: Library, problem, operands, options=None, resolved: bool = False):
-        """Run `problem` on `library`; `options` are checked against the
-        variant's launch options first (they reach native code) unless
-        `resolved` says the caller did. The first launch of a variant walks
-        the hook chain and binds the implementation that answered; later
-        launches call it directly (see `PluginManager.launcher`)."""
-        if not resolved:
-            options = resolve_launch_options(self.manager.variant(problem.variant), options)
-        self._check_generation()
-        bound = self._launchers.get(problem.variant)
-        result = None
-        if bound is not None:
-            result = bound(library=library, problem=problem, operands=operands, options=options)
-        if result is None:  # not bound yet, or the bound implementation passed this call on
-            result, bound = self.manager.launcher(problem.variant, library, problem, operands, options)
-            if bound is not None:
-                self._launchers[problem.variant] = bound
-        if result is None:
-            raise PluginError(f"no plugin launches variant {problem.variant!r}")
-        return result
-
-    def _check_generation(self):
-        """Forget bound launches and selections made under other plugins."""
-        if self._generation != self.manager.generation:
-            with self._lock:
-                self._launchers.clear()
-                self._selected.clear()
-                self._ready.clear()
-                self._generation = self.manager.generation
-
-    # ------------------------------------------------------------- chains
-    def library(self, config: KernelConfig) -> Library:
-        """The loaded library of `config`: built once per machine, loaded once
-        per process. Builds run outside the lock, so threads (autotune) build
-        different configs at once; the build cache makes a second build of one
-        config a lookup."""
-        found = self._libraries.get(config)
-        if found is None:
-            built = self.load(self.build(self.codegen(config)), config)
-            with self._lock:
-                found = self._libraries.setdefault(config, built)
-        return found
-
-    def run(self, problem, operands, config=None, options=None):
-        _, library = self._chosen(problem, config)
-        return self.launch(library, problem, operands, options)
-
-    def run_or_fall_back(self, problem, operands, config=None, options=None, strict=False,
-                         resolved: bool = False):
-        """`run`, but when the selected kernel returns status -2 the next
-        ranked kernels of the variant are tried, then the variant's fallback
-        (stream-K -> regular), unless `strict` or a config was given.
-        Returns the (problem, config) that ran."""
-        chosen, library = self._chosen(problem, config)
-        try:
-            self.launch(library, problem, operands, options, resolved)
-            return problem, chosen
-        except UnsupportedProblem:
-            if strict or config is not None:
-                raise
-        for other in self.ranked(problem):
-            if other.config != chosen:
-                try:
-                    library = self.library(other.config)
-                    self.launch(library, problem, operands, options, resolved)
-                except (UnsupportedProblem, BuildError, ToolchainError):
-                    continue  # the next ranked kernel
-                with self._lock:  # later calls of this problem go straight to it
-                    self._selected[problem] = other.config
-                    self._ready[problem] = (other.config, library)
-                return problem, other.config
-        fallback = self.manager.variant(problem.variant).fallback
-        if not fallback:
-            raise UnsupportedProblem(f"no kernel of variant {problem.variant!r} runs this problem "
-                                     f"(every ranked candidate returned status -2)")
-        return self.run_or_fall_back(attrs.evolve(problem, variant=fallback), operands, None, options,
-                                     resolved=resolved)
-
-    def _library_or_none(self, config):
-        """The library of `config`, or None if it cannot be built here (an
-        autotune candidate that fails is skipped, not the user's call)."""
-        try:
-            return self.library(config)
-        except (BuildError, ToolchainError, LibraryError):
-            return None
-
-    def autotune_if_new(self, problem, operands, options=None):
-        """`autotune` the first time `problem` is seen: not yet selected in
-        this process and without an exact tuning-database entry."""
-        if problem not in self._ready and self.tuning is not None and not self.tuning.has(problem):
-            self.autotune(problem, operands, options)
-
-    def autotune(self, problem, operands, options=None, top_k: int = AUTOTUNE_TOP_K):
-        """Build the `top_k` ranked candidates in parallel, time each on
-        scratch outputs in this process (the target's timer: CUDA events on
-        the GPU), store the fastest in the tuning database and select it.
-        Returns (winner, {config name: seconds}, seconds this took), and logs
-        that cost. Problems whose outputs are a list (the list form of
-        grouped GEMM) are not autotuned."""
-        started = time.perf_counter()
-        target = targets.get(problem.target)
-        configs = [e.config for e in self.ranked(problem)[:top_k]]
-        if not configs or isinstance(operands.c, list):
-            return None, {}, 0.0
-        with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
-            libraries = list(pool.map(self._library_or_none, configs))
-        memory = target.memory
-        scratch = memory.empty(operands.c.shape, operands.c.dtype)  # never the caller's C
-        trial = attrs.evolve(operands, c=scratch, ldc=max(operands.c.shape[1], 1),
-                             **({"beta": 0.0} if hasattr(operands, "beta") else {}))
-        options = resolve_launch_options(self.manager.variant(problem.variant), options)
-        times = {}
-        for config, library in zip(configs, libraries):
-            if library is None:
-                continue
-            try:
-                times[config] = median(target.measure(
-                    lambda i: self.launch(library, problem, trial, options), AUTOTUNE_TIMING,
-                    options.get("stream", 0)))
-            except (UnsupportedProblem, KernelError):
-                continue
-        if not times:
-            return None, {}, time.perf_counter() - started
-        winner = min(times, key=lambda c: (times[c], c.name))
-        if self.tuning is not None:
-            self.tuning.record(problem, winner, times[winner] * 1e3, source="autotune")
-        with self._lock:
-            self._selected[problem] = winner
-            self._ready.pop(problem, None)
-        spent = time.perf_counter() - started
-        by_name = {c.name: t for c, t in times.items()}
-        log.info("autotune %s: %s won of %d in %.2f s", problem, winner.name, len(times), spent)
-        self.autotune_log.append(dict(problem=problem, winner=winner.name, seconds=spent, times=by_name))
-        return winner, by_name, spent
-
-    def ready(self, problem) -> tuple:
-        """(selected config, its loaded library) for `problem`, memoized: the
-        per-call path of `gemm` on a known problem is one dict lookup."""
-        self._check_generation()
-        found = self._ready.get(problem)
-        if found is None:
-            config = self.select(problem)
-            found = self._ready[problem] = (config, self.library(config))
-        return found
-
-    def _chosen(self, problem, config) -> tuple:
-        """(config, library): the selected one, or `config` checked against the problem."""
-        if config is None:
-            return self.ready(problem)
-        config = self.config_matching(problem, config)
-        return config, self.library(config)
-
-    def config_matching(self, problem, config) -> KernelConfig:
-        """`config` (a KernelConfig or a dict of fields) checked against the problem."""
-        if not isinstance(config, KernelConfig):
-            return self.config_for(problem, config)
-        for field, want in (("variant", problem.variant), ("target", problem.target),
-                            ("dtype_a", problem.dtype), ("dtype_c", problem.out_dtype),
-                            ("layout", problem.layout)):
-            if getattr(config, field) != want:
-                raise ConfigError(f"config {config.name} has {field} {getattr(config, field)!r} "
-                                  f"but the problem needs {want!r}")
-        unmet = unmet_fields(problem, config)
-        if unmet:
-            field, have, want = unmet[0]
-            raise ConfigError(f"config {config.name} has {field} {have!r} but the problem needs {want!r}")
-        return config
-
-
-_DEFAULT: Dispatcher | None = None
-
-
-def default_dispatcher() -> Dispatcher:
-    global _DEFAULT
-    if _DEFAULT is None or _DEFAULT.manager is not get_manager():
-        _DEFAULT = Dispatcher()
-    return _DEFAULT
+__all__ = ["Dispatcher", "gemm", "grouped_gemm", "grouped_mm", "matmul", "plan", "run"]
 
 
 def _resolve_target(target: str, *arrays) -> str:
+    """"auto": the target whose memory holds the arrays (numpy: cpu; torch
+    CUDA tensors and CUDA arrays: cuda); else the named target."""
+    if target == "auto":
+        if all(type(x) is np.ndarray or x is None for x in arrays):
+            return "cpu"
+        return targets.for_arrays(*(x for x in arrays if x is not None))
     if not isinstance(target, str):
         raise ConfigError(f"target must be a target name or 'auto', got {type(target).__name__}")
-    if target == "auto":
-        return targets.for_arrays(*arrays)
     targets.get(target)
     return target
 
@@ -351,14 +40,19 @@ def _resolve_target(target: str, *arrays) -> str:
 _CALLS = {"gemm": "dispatcher.gemm", "grouped": "dispatcher.grouped_gemm"}
 
 
-def _variant(dispatcher, name, kind: str):
-    """The record of variant `name`, which must run `kind` problems: a
-    grouped variant cannot run one GEMM, nor a single-GEMM variant a list."""
+def _record(dispatcher, name):
     manager = dispatcher.manager if dispatcher is not None else get_manager()
     if not isinstance(name, str):
         raise ConfigError(f"variant must be a variant name, got {type(name).__name__}")
-    record = manager.variant(name)
+    return manager.variant(name)
+
+
+def _variant(dispatcher, name, kind: str):
+    """The record of variant `name`, which must run `kind` problems: a
+    grouped variant cannot run one GEMM, nor a single-GEMM variant a list."""
+    record = _record(dispatcher, name)
     if record.problem_kind != kind:
+        manager = dispatcher.manager if dispatcher is not None else get_manager()
         fitting = sorted(n for n, r in manager.variants().items() if r.problem_kind == kind)
         raise ConfigError(f"variant {name!r} runs {record.problem_kind} problems: call "
                           f"{_CALLS.get(record.problem_kind, 'dispatcher.run or dispatcher.matmul' if record.operands else 'its own entry point')}, or give "
@@ -366,90 +60,222 @@ def _variant(dispatcher, name, kind: str):
     return record
 
 
-def _stored(values: np.ndarray, dtype) -> np.ndarray:
-    """float64 `values` converted as the kernels' epilogue converts them: an
-    integer output rounded half to even and saturated (docs/reference.md,
-    "int32 outputs"), a float output rounded to nearest."""
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        values = np.clip(np.rint(values), info.min, info.max)
-    return values.astype(dtype)
+def _autotuning(flag) -> bool:
+    return autotune_default() if flag is None else bool(flag)
+
+
+_DEFAULT_OPTIONS: dict = {}  # (id(record), stream) -> (record, its default launch options)
+
+
+def _launch_options(record, options, stream: int) -> dict:
+    """The call's launch options, checked before any build; the stream is
+    the session's unless the caller set one."""
+    if options is None:  # the common case, worked out once per record and stream
+        found = _DEFAULT_OPTIONS.get((id(record), stream))
+        if found is None or found[0] is not record:
+            resolved = resolve_launch_options(record, None)
+            resolved["stream"] = stream
+            found = _DEFAULT_OPTIONS[id(record), stream] = (record, resolved)
+        return found[1]
+    resolved = resolve_launch_options(record, options)
+    if "stream" not in options:
+        resolved["stream"] = stream
+    return resolved
+
+
+def _session(record, arrays: dict, target: str):
+    """(target name, session, {operand name: array in the target's memory})."""
+    names = tuple(arrays)
+    roles = kinds.role_names(record)
+    check_arrays([(roles[r], arrays.get(roles[r])) for r in ("a", "b")],
+                 [(n, x) for n, x in arrays.items() if n not in (roles["a"], roles["b"])])
+    target = _resolve_target(target, *arrays.values())
+    session = targets.get(target).session(*arrays.values())
+    return target, session, dict(zip(names, session.arrays))
+
+
+def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, target, config, options,
+          strict, autotune, dispatcher):
+    """Every declared kind's call: checks, the plan of its kind of call
+    (made once), the launch; the result in the kind the caller passed."""
+    d = dispatcher or default_dispatcher()
+    if options is not None:
+        resolve_launch_options(record, options)  # a bad option is refused before anything else
+    target, session, imported = _session(record, arrays, target)
+    resolved = _launch_options(record, options, session.stream)
+    core, values = kinds.scalars(record, params)
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
+    plan = plans.planned(d, record, imported, kinds.check_choices(record, choices) if choices else (),
+                         out_dtype, target, core[1] != 0, config, resolved, bool(strict),
+                         _autotuning(autotune) if config is None else False)
+    result = plan(imported, core, values, session.memory, session.empty, session.stream)
+    out = arrays.get(plan.names.get("out"))
+    host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
+    return session.finish(result, host_out)
+
+
+def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, config=None, options=None,
+         strict=False, autotune=None, dispatcher=None, **arguments) -> "HeldPlan":
+    """Plan a kind of call once and hold it, for the lowest per-call cost:
+
+        p = dispatcher.plan("regular", a=a, b=b)   # checks, selection, build: now
+        c = p(a, b)                                # a call: bind and launch
+        p(a2, b2, out=c)                           # arrays with the planned specs
+
+    arguments: example operands (the arrays of a first call: their shapes,
+    strides, dtypes and memory are what the plan is for; `out` and `c` too
+    if calls will pass them), parameters and variant values, as for
+    `dispatcher.run`. The other keywords as for `dispatcher.gemm`.
+    """
+    record = _record(dispatcher, variant)
+    operands, params, choices = kinds.split_call(record, arguments)
+    d = dispatcher or default_dispatcher()
+    if options is not None:
+        resolve_launch_options(record, options)
+    target, session, imported = _session(record, operands, target)
+    core, _ = kinds.scalars(record, params)
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token
+    made = plans.planned(d, record, imported, kinds.check_choices(record, choices) if choices else (),
+                         out_dtype, target, core[1] != 0, config,
+                         _launch_options(record, options, session.stream), bool(strict),
+                         _autotuning(autotune) if config is None else False)
+    return HeldPlan(made, record, target, params)
+
+
+class HeldPlan:
+    """A plan held by the caller (`dispatcher.plan`): calling it runs the
+    planned kind of call on new arrays, positional in the variant's
+    declared operand order (a, b first) or by name, with new scalars."""
+
+    def __init__(self, made, record, target: str, params: dict):
+        self.plan, self.record, self.target = made, record, targets.get(target)
+        self.names = tuple(o.name for o in kinds.operands_of(record))
+        self.params = params
+        self.beta_given = kinds.scalars(record, params)[0][1] != 0
+
+    def __repr__(self):
+        return f"HeldPlan({self.plan!r})"
+
+    def __call__(self, *operands, **arguments):
+        if len(operands) > len(self.names):
+            raise ProblemError(f"the plan takes at most {len(self.names)} operands "
+                               f"({', '.join(self.names)}), got {len(operands)}")
+        given, params, choices = kinds.split_call(self.record, arguments)
+        if choices:
+            raise ProblemError(f"a held plan's variant values are fixed; got {', '.join(choices)}: "
+                               "make another plan")
+        given.update(zip(self.names, operands))
+        session = self.target.session(*(given.get(n) for n in self.names))
+        imported = {n: x for n, x in zip(self.names, session.arrays) if x is not None}
+        core, values = kinds.scalars(self.record, {**self.params, **params})
+        plan = self.plan
+        if not plan.matches(imported) or (core[1] != 0) != self.beta_given \
+                or plan.options.get("stream", 0) != session.stream:
+            raise ProblemError(f"these arrays do not match the plan ({_described(plan.specs)}), or "
+                               "beta or the stream changed; make a new plan (dispatcher.plan) for them")
+        result = plan(imported, core, values, session.memory, session.empty, session.stream)
+        out = given.get(plan.names.get("out"))
+        host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
+        return session.finish(result, host_out)
+
+
+def _described(specs: tuple) -> str:
+    return "; ".join(f"{name}: {spec.shape} {np.dtype(spec.dtype).name} strides {spec.strides}"
+                     for name, spec in specs if spec is not None)
 
 
 def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant="regular",
-         target="cpu", config=None, strict=False, autotune=None, options=None, dispatcher=None):
+         target="auto", config=None, strict=False, autotune=None, options=None, dispatcher=None):
     """alpha * a @ b + beta * c, on the selected (or given) kernel.
 
     a, b: 2-D arrays of one input dtype, row- or column-major (views are read
     in place). On the cuda target: torch CUDA tensors or CUDA arrays (used in
     place, on the caller's current stream) or numpy arrays (copied to the
-    device and back). c: the matrix beta scales (needed when beta != 0).
-    out: write the result here (any layout); else a new row-major array of
-    the inputs' kind is returned. out_dtype: defaults to CK's rule
-    (fp8 -> fp16, int8 -> int32). target: "cpu", "cuda" or "auto" (the
-    target owning the arrays). config: a KernelConfig or a dict of config
-    fields; None selects one. strict: if the kernel cannot run the problem
-    (status -2), raise `UnsupportedProblem` instead of falling back to the
-    variant's fallback. autotune: the first time a problem is seen (no
-    exact tuning-database entry), build and time the top ranked kernels and
-    keep the fastest (`Dispatcher.autotune`); None: `$DISPATCHER_AUTOTUNE`.
+    device and back). c: the matrix beta scales (needed when beta != 0,
+    unless out holds it). out: write the result here (any layout); else a
+    new row-major array of the inputs' kind is returned. out_dtype: defaults
+    to CK's rule (fp8 -> fp16, int8 -> int32). target: "auto" (the default:
+    the target whose memory holds the arrays), "cpu" or "cuda" (numpy
+    arrays are copied to the device and back). config: a KernelConfig or a
+    dict of config fields; None selects one. strict: if the kernel cannot
+    run the problem (status -2), raise `UnsupportedProblem` instead of
+    falling back to the variant's fallback. autotune: the first time a
+    problem is seen (no exact tuning-database entry), build and time the
+    top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
+    `$DISPATCHER_AUTOTUNE`.
     """
-    check_arrays([("a", a), ("b", b)], [("c", c), ("out", out)])
-    resolved = resolve_launch_options(_variant(dispatcher, variant, "gemm"), options)  # before any build
-    target = _resolve_target(target, a, b)
-    session = targets.get(target).session(a, b, c, out)
-    a_, b_, c_, out_ = session.arrays
-    problem, operands, result = prepare_gemm(a_, b_, c=c_, out=out_, alpha=alpha, beta=beta,
-                                             out_dtype=out_dtype, variant=variant, target=target,
-                                             memory=session.memory, allocate=session.empty,
-                                             stream=session.stream)
-    host_out = out if isinstance(out, np.ndarray) and out_ is not out else None  # numpy out, device run
-    if problem.m == 0 or problem.n == 0:
-        return session.finish(result, host_out)
-    d = dispatcher or default_dispatcher()
-    if problem.k == 0:
-        _empty_product(d, problem, operands, result, session)
-        return session.finish(result, host_out)
-    if "stream" not in (options or ()):
-        resolved["stream"] = session.stream
-    operands, write_back = targets.get(target).aligned(problem, operands, session)
-    if config is None and _autotuning(autotune):
-        d.autotune_if_new(problem, operands, resolved)
-    d.run_or_fall_back(problem, operands, config, resolved, strict, resolved=True)
-    if write_back is not None:
-        write_back()
-    return session.finish(result, host_out)
+    record = _variant(dispatcher, variant, "gemm")
+    roles = kinds.role_names(record)
+    arrays = {roles["a"]: a, roles["b"]: b}
+    if c is not None:
+        arrays[roles["c"]] = c
+    if out is not None:
+        arrays[roles["out"]] = out
+    return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
+                 config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
 
 
-def _autotuning(flag) -> bool:
-    return autotune_default() if flag is None else bool(flag)
+def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,
+        autotune=None, dispatcher=None, **arguments):
+    """Run `variant` on its declared operands and parameters, e.g.
+    `run("batched", a=a, b=b, bias=bias, activation="gelu")`; returns the
+    output (`out` if given).
+
+    arguments: the variant's operands (arrays, by the names it declares:
+    a, b, c, out and its extra operands by default), its scalar parameters
+    and the core's (`alpha`, `beta`, and the per-tensor input scales
+    `scale_a`, `scale_b` of fp8), and values of its variant block that the
+    call fixes (e.g. `activation`). target, config, options, out_dtype,
+    strict and autotune as for `dispatcher.gemm`.
+    """
+    record = _record(dispatcher, variant)
+    if not record.operands and record.problem_kind != "gemm":
+        raise ConfigError(f"variant {variant!r} declares no operands ({record.problem_kind} problems): "
+                          "call dispatcher.grouped_gemm or dispatcher.grouped_mm")
+    operands, params, choices = kinds.split_call(record, arguments)
+    return _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
+                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
 
 
-def _empty_product(d, problem, operands, result, session):
-    """K = 0: C = beta * C, never reading C when beta is 0. On the host in
-    float64 (then stored as the kernels store); elsewhere by the kernel
-    itself on zero-filled K = 16 operands with alpha = 0, so the target's
-    own epilogue scales C (or writes zeros when beta is 0), in any layout."""
-    beta = operands.beta
-    if isinstance(result, np.ndarray):
-        result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
-        return
-    memory, stream = session.memory, session.stream
-    m, n, depth = problem.m, problem.n, 16
-    zeros_a, zeros_b = session.empty((m, depth), operands.a.dtype), session.empty((depth, n), operands.b.dtype)
-    for x in (zeros_a, zeros_b):
-        memory.zero(x, x.size * x.itemsize, stream)
-    zero_problem, zero_operands, _ = prepare_gemm(
-        zeros_a, zeros_b, c=operands.c if beta else None, out=operands.c, alpha=0.0, beta=beta,
-        out_dtype=problem.out_dtype, variant=problem.variant, target=problem.target, memory=memory,
-        stream=stream)
-    zero_operands, write_back = targets.get(problem.target).aligned(zero_problem, zero_operands, session)
-    d.run_or_fall_back(zero_problem, zero_operands, None, {"stream": stream})
-    if write_back is not None:
-        write_back()
+def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,
+           scale_a=1.0, scale_b=1.0, variant=None, target="auto", config=None, options=None,
+           dispatcher=None):
+    """act(alpha * scale_a * scale_b * (a @ b) + bias) with numpy's `matmul`
+    semantics: 2-D operands run on `regular`, operands with batch dims on
+    `batched` (batch dims broadcast, any strides), a 1-D operand is a
+    vector (numpy arrays). bias: broadcastable to the result's matrices,
+    one value per output column (N,) or per row (M, 1), optionally with
+    batch dims; stored in the output dtype. activation: relu, gelu or silu.
+    """
+    check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
+    squeeze = []
+    if getattr(a, "ndim", 2) == 1:
+        a, squeeze = _numpy_only(a, "a")[None, :], squeeze + [-2]
+    if getattr(b, "ndim", 2) == 1:
+        b, squeeze = _numpy_only(b, "b")[:, None], squeeze + [-1]
+    if squeeze and out is not None:
+        raise ProblemError("out= is not supported with a 1-D operand; pass 2-D operands")
+    if variant is None:
+        variant = "regular" if a.ndim == 2 and b.ndim == 2 else "batched"
+    extra = {"bias": bias} if bias is not None else {}
+    if activation is not None:
+        extra["activation"] = activation
+    if scale_a != 1.0 or scale_b != 1.0:
+        extra.update(scale_a=scale_a, scale_b=scale_b)
+    result = run(variant, a=a, b=b, out=out, alpha=alpha, target=target, out_dtype=out_dtype,
+                 config=config, options=options, dispatcher=dispatcher, **extra)
+    return result.squeeze(tuple(squeeze)) if squeeze else result
 
 
-def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
+def _numpy_only(x, name: str):
+    if not isinstance(x, np.ndarray):
+        raise ProblemError(f"{name} is 1-D: vectors are supported for numpy arrays; reshape it to 2-D")
+    return x
+
+
+def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="auto", config=None,
                  variant="grouped", options=None, dispatcher=None):
     """[alpha * a_g @ b_g for each g] in one launch; returns a list of arrays.
 
@@ -472,7 +298,7 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="cpu", con
     return [session.finish(r) for r in results]
 
 
-def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="cpu", config=None,
+def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", config=None,
                variant="grouped", autotune=None, options=None, dispatcher=None):
     """The mixture-of-experts form of a grouped GEMM, in `torch._grouped_mm`'s
     argument order: rows [offsets[g-1], offsets[g]) of the stacked `a`

@@ -10,12 +10,13 @@ import warnings
 import attrs
 
 from . import dtypes, targets
-from .api import Dispatcher
+from .dispatch import Dispatcher
 from .build import BuildCache
 from .config import LAYOUTS
 from .errors import ConfigError, DispatcherError, ProblemError
 from .plugins import get_manager
-from .problem import prepare_gemm, prepare_grouped
+from .kinds import prepare_gemm
+from .problem import prepare_grouped
 from .timing import TimingOptions, measure, median
 from .verify import max_rel, random_matrix, reference, tolerance
 

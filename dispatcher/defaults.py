@@ -19,12 +19,11 @@ def dispatcher_build(source, target, cache):
 
 
 @hookimpl(trylast=True)
-def dispatcher_select_library(problem, candidates, tuning):
+def dispatcher_select_library(problem, candidates, tuning, record):
     if tuning is not None:  # asked even when no default config builds here
         tuned = tuning.lookup(problem, candidates)
         if tuned is not None:
             return tuned
     if not candidates:
         return None
-    from .plugins import get_manager
-    return selection.rank(problem, candidates, get_manager())[0].config
+    return selection.rank(problem, candidates, record)[0].config

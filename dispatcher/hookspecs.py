@@ -77,7 +77,7 @@ def dispatcher_build(source, target, cache):
 
 
 @hookspec(firstresult=True)
-def dispatcher_select_library(problem, candidates, tuning):
+def dispatcher_select_library(problem, candidates, tuning, record):
     """Choose the kernel to run a problem: the ".so selection".
 
     :param problem: a :class:`GemmProblem`, :class:`GroupedGemmProblem` or
@@ -86,6 +86,8 @@ def dispatcher_select_library(problem, candidates, tuning):
         the problem's target, dtypes and layout (its default configs that can
         be built here); libraries are built on demand after selection.
     :param tuning: a :class:`dispatcher.tuning.TuningDatabase` or ``None``.
+    :param record: the problem's variant (:class:`dispatcher.records.VariantRecord`),
+        e.g. for its ``k_splits``, which the performance model is told.
     :return: one of ``candidates`` (or a config from the tuning database).
 
     Deterministic: the same inputs give the same answer. The tuning

@@ -10,6 +10,14 @@ value per output column, (M, 1) one per row). `prepare` turns a call into
 a `KindProblem` (the selection key) and one or more `GemmOperands` argument
 blocks: batch dimensions collapse into one launch where every operand's
 batch strides allow it, else one launch per outer index.
+
+Operands play roles: `a`, `b`, `c` (the matrix beta scales), `out` and
+extra. The roles' default names are the roles themselves; a variant may
+name them as its users do (`Operand("x", ("m", "k"), role="a")`), and
+calls, errors and the CLI use those names. Everything that depends only on
+the record, the operands' shapes, strides and dtypes and the call's fixed
+values is worked out once (`layout`, memoized); per call only pointers and
+scalars are bound (`bind`).
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ import numpy as np
 
 from . import dtypes
 from .errors import DtypeError, ProblemError
-from .problem import (ArraySpec, GemmOperands, _check_exact_accumulation, _check_no_alias,
-                      _same_input_dtype, _scalar, possible_layouts)
 from .library import data_pointer
+from .memory import HOST, View
+from .problem import ArraySpec, GemmOperands, _check_exact_accumulation, _same_input_dtype, _scalar, possible_layouts
+
+
+ROLES = ("a", "b", "c", "out")
 
 
 @attrs.frozen
@@ -34,8 +45,10 @@ class Operand:
 
     dims: its matrix (or vector) dims over "m", "n", "k". batched: it may
     carry leading batch dims. dtype: "in" (the inputs' dtype), "out" (the
-    output dtype) or a dtype token. Extra operands are passed to the kernel
-    in declaration order (`dispatcher_gemm_args.extra`)."""
+    output dtype) or a dtype token. role: "a", "b", "c", "out" or "extra"
+    (the default: the name itself if it is a role, else "extra"). Extra
+    operands are passed to the kernel in declaration order
+    (`dispatcher_gemm_args.extra`)."""
 
     name: str
     dims: tuple
@@ -44,6 +57,16 @@ class Operand:
     optional: bool = False
     dtype: str = "in"
     doc: str = ""
+    role: str = attrs.field()
+
+    @role.default
+    def _role_from_name(self):
+        return self.name if self.name in ROLES else "extra"
+
+    @role.validator
+    def _known_role(self, attribute, value):
+        if value not in (*ROLES, "extra"):
+            raise ValueError(f"operand {self.name!r} has role {value!r}; roles: {', '.join(ROLES)}, extra")
 
 
 @attrs.frozen
@@ -55,17 +78,45 @@ class Param:
     doc: str = ""
 
 
-def gemm_operands(batched: bool = False) -> tuple:
-    """a, b and out: the operands every kind has."""
-    return (Operand("a", ("m", "k"), batched=batched, doc="left matrix"),
-            Operand("b", ("k", "n"), batched=batched, doc="right matrix"),
-            Operand("out", ("m", "n"), output=True, batched=batched, optional=True, dtype="out",
-                    doc="where the result goes (else a new row-major array)"))
+def gemm_operands(batched: bool = False, a: str = "a", b: str = "b", out: str = "out") -> tuple:
+    """The operands every kind has, under the names given: a, b, c (the
+    matrix beta scales) and out."""
+    return (Operand(a, ("m", "k"), batched=batched, role="a", doc="left matrix"),
+            Operand(b, ("k", "n"), batched=batched, role="b", doc="right matrix"),
+            Operand("c", ("m", "n"), batched=batched, optional=True, dtype="out", role="c",
+                    doc="the matrix beta scales (needed when beta != 0 and out is not given)"),
+            Operand(out, ("m", "n"), output=True, batched=batched, optional=True, dtype="out",
+                    role="out", doc="where the result goes (else a new row-major array)"))
 
 
 # Scalars every kind takes: they travel in the ABI's own fields.
-CORE_PARAMS = ("alpha", "scale_a", "scale_b")
-MAIN = ("a", "b", "out")
+CORE_PARAMS = ("alpha", "beta", "scale_a", "scale_b")
+
+
+_PLAIN = None  # the plain GEMM's operands, made on first use
+
+
+def operands_of(record) -> tuple:
+    """The record's declared operands; a `gemm` kind that declares none
+    has the plain GEMM's."""
+    global _PLAIN
+    if record.operands:
+        return record.operands
+    if _PLAIN is None:
+        _PLAIN = gemm_operands()
+    return _PLAIN
+
+
+_ROLES: dict = {}  # id(record) -> (record, its role names): asked on every call
+
+
+def role_names(record) -> dict:
+    """{role: operand name} of the roles the record's operands play
+    (extra operands excluded)."""
+    found = _ROLES.get(id(record))
+    if found is None or found[0] is not record:
+        found = _ROLES[id(record)] = (record, {o.role: o.name for o in operands_of(record) if o.role != "extra"})
+    return found[1]
 
 
 @attrs.frozen
@@ -84,6 +135,7 @@ class KindProblem:
     variant: str
     target: str = "cpu"
     options: tuple = ()
+    fixed: tuple = ()  # the options that differ from the variant's defaults
 
     @property
     def flops(self) -> float:
@@ -102,19 +154,13 @@ class KindProblem:
 
     def tuning_key(self) -> tuple:
         """(text key, sizes for the nearest-problem distance): the batch and
-        the fixed variant-block values are part of the key, since a kernel
-        tuned for one epilogue or batch count is another kernel's question."""
-        fixed = "".join(f",{k}={v}" for k, v in self.options)
-        return (f"{self.batch}x{self.m}x{self.n}x{self.k}{fixed}",
-                (float(self.batch * self.m), float(self.n), float(self.k)))
-
-
-@attrs.frozen
-class Matrix:
-    """One batch's matrix as the argument block points at it (either target)."""
-
-    ptr: int
-    shape: tuple
+        the variant-block values the call sets (a fused epilogue) are part
+        of the key, since a kernel tuned for one epilogue or batch count is
+        another kernel's question. A single plain GEMM's key is "MxNxK", as
+        the tile engine's sweeps write it."""
+        fixed = "".join(f",{k}={v}" for k, v in self.fixed)
+        shape = f"{self.m}x{self.n}x{self.k}" if self.batch == 1 else f"{self.batch}x{self.m}x{self.n}x{self.k}"
+        return (shape + fixed, (float(self.batch * self.m), float(self.n), float(self.k)))
 
 
 @attrs.frozen
@@ -124,7 +170,7 @@ class _Tensor:
     elements (0 = broadcast)."""
 
     ptr: int
-    itemsize: int
+    dtype: object
     batch_strides: tuple
     rows: int
     cols: int
@@ -136,6 +182,16 @@ class _Tensor:
         return attrs.evolve(self, rows=self.cols, cols=self.rows, row_stride=self.col_stride,
                             col_stride=self.row_stride)
 
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def matrix(self, base: int, index: tuple, dims: tuple) -> View:
+        """Its matrix at outer batch `index` (see `at`), as a view."""
+        size = self.itemsize
+        return View((self.rows, self.cols), (self.row_stride * size, self.col_stride * size), self.dtype,
+                    self.at(base, index, dims))
+
     def layout(self, what: str) -> tuple:
         """(layout char, leading dim) its matrices are read with."""
         size = self.itemsize
@@ -146,16 +202,6 @@ class _Tensor:
         """The address of its matrix at outer batch `index` over batch dims
         `dims`, its array starting at `base`."""
         return base + self.ptr + sum(i * self.batch_strides[d] for i, d in zip(index, dims)) * self.itemsize
-
-
-@attrs.frozen
-class Prepared:
-    """What a call becomes: the problem, one argument block per launch, the result."""
-
-    problem: Optional[KindProblem]  # None when there is nothing to compute
-    launches: tuple
-    result: object
-    empty: bool       # nothing to compute (a zero size)
 
 
 def _element_strides(x, what: str) -> tuple:
@@ -193,7 +239,7 @@ def _tensor(x, operand: Operand, sizes: dict, batch_shape: tuple, broadcast: boo
             raise ProblemError(f"{what} has batch dims {lead} that do not broadcast to {batch_shape}")
         batch.append(0 if have == 1 else stride)
     row_stride, col_stride = (0 if have == 1 else s for have, s in zip(shape[-2:], strides[-2:]))
-    return _Tensor(0, x.dtype.itemsize, tuple(batch), rows, cols, row_stride, col_stride)
+    return _Tensor(0, np.dtype(x.dtype), tuple(batch), rows, cols, row_stride, col_stride)
 
 
 def _collapse(batch_shape: tuple, tensors: list) -> tuple:
@@ -223,28 +269,52 @@ def _scalar_param(name: str, value, nonzero=False) -> float:
 
 def split_call(record, kwargs: dict) -> tuple:
     """(operands, params, choices) of a `run` call's keywords: the variant's
-    declared operands, its scalar parameters (and the core's alpha and
-    scales), and values of its variant block."""
-    names = {o.name for o in record.operands}
+    declared operands, its scalar parameters (and the core's alpha, beta
+    and scales), and values of its variant block."""
+    names = {o.name for o in operands_of(record)}
     params = {p.name for p in record.params} | set(CORE_PARAMS)
     choices = {o.name for o in record.options} - names  # an operand implies its own option
     unknown = sorted(set(kwargs) - names - params - choices)
     if unknown:
         raise ProblemError(
             f"variant {record.name!r} takes no argument(s) {', '.join(map(repr, unknown))}; it takes "
-            f"operands {', '.join(o.name for o in record.operands)}; parameters "
+            f"operands {', '.join(o.name for o in operands_of(record))}; parameters "
             f"{', '.join(sorted(params))}; options {', '.join(sorted(choices)) or '(none)'}")
     pick = lambda keys: {k: v for k, v in kwargs.items() if k in keys}
     return pick(names), pick(params), pick(choices)
 
 
-@attrs.frozen
-class _Plan:
-    """What a call's shapes, strides and dtypes decide (memoized): the
-    problem, the result to allocate, and per operand role (A, B, C, then
-    the extra operands given) its name and strides as the kernel reads it."""
+def check_choices(record, choices: dict) -> tuple:
+    """The variant-block values a call sets, checked, as a sorted tuple."""
+    schema = {o.name: o for o in record.options}
+    return tuple(sorted((name, schema[name].check(value, f"variant {record.name!r}"))
+                        for name, value in choices.items()))
 
-    problem: Optional[KindProblem]
+
+def scalars(record, params: dict) -> tuple:
+    """((alpha, beta, scale_a, scale_b), the variant's own parameters in
+    declaration order), each checked."""
+    core = (_scalar_param("alpha", params.get("alpha", 1.0)), _scalar_param("beta", params.get("beta", 0.0)),
+            _scalar_param("scale_a", params.get("scale_a", 1.0), nonzero=True),
+            _scalar_param("scale_b", params.get("scale_b", 1.0), nonzero=True))
+    return core, tuple(_scalar_param(p.name, params.get(p.name, p.default)) for p in record.params)
+
+
+@attrs.frozen
+class Layout:
+    """What a call's shapes, strides, dtypes and fixed values decide
+    (memoized by `layout`): the problem, the result to allocate, and per
+    kernel slot (A, B, C, then the extra operands given) the operand's
+    name and strides as the kernel reads it.
+
+    transposed: the kernel computes C^T = B^T A^T (a column-major out).
+    staged: out is column-major but the kind is never transposed (it
+    declares an extra operand with a K dim, which C^T = B^T A^T would hand
+    the kernel as another operand's): the kernel writes a row-major
+    temporary, which is copied into out. c: the name of the c operand given, copied
+    into the result before the launch when beta != 0."""
+
+    problem: Optional[KindProblem]  # None when there is nothing to compute (an empty output)
     result_shape: tuple
     result_dtype: object
     names: tuple = ()
@@ -253,6 +323,16 @@ class _Plan:
     strides: tuple = ()
     lds: tuple = ()
     transposed: bool = False
+    staged: bool = False
+    c: Optional[str] = None
+
+    @property
+    def integer_output(self) -> bool:
+        return self.result_dtype.kind in "iu"
+
+    def outer_indices(self):
+        """The outer batch indices, one launch each."""
+        return np.ndindex(*(self.result_shape[d] for d in self.outer_dims))
 
 
 class _Same:
@@ -270,58 +350,27 @@ class _Same:
         return self.record is other.record
 
 
-def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None, target="cpu",
-            memory, allocate) -> Prepared:
-    """The problem and argument blocks of `record`'s kind for `arrays` (in
-    the target's memory, keyed by operand name)."""
-    for name, x in arrays.items():
-        if x is not None and not memory.accepts(x):
-            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
-    out = arrays.get("out")
-    if out is not None and not memory.writable(out):
-        raise ProblemError("out is read-only")
-    if out_dtype is not None:
-        out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
-    schema = {o.name: o for o in record.options}
-    choices = tuple(sorted((name, schema[name].check(value, f"variant {record.name!r}"))
-                           for name, value in choices.items()))
-    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in record.operands)
-    plan = _plan(_Same(record), specs, choices, out_dtype, target)
-    scalars = {"alpha": _scalar_param("alpha", params.get("alpha", 1.0)),
-               **{s: _scalar_param(s, params.get(s, 1.0), nonzero=True) for s in ("scale_a", "scale_b")}}
-    values = tuple(_scalar_param(p.name, params.get(p.name, p.default)) for p in record.params)
-    if out is not None:
-        _check_no_alias(memory, out, "out", *((name, x) for name, x in arrays.items()
-                                              if name != "out" and x is not None))
-    result = out if out is not None else allocate(plan.result_shape, plan.result_dtype)
-    if plan.problem is None:
-        return Prepared(None, (), result, True)
-    bases = [data_pointer(result if name == "out" else arrays[name]) for name in plan.names]
-    A, B, C, *given = plan.tensors
-    (m, n, k), count, dims = (plan.problem.m, plan.problem.n, plan.problem.k), plan.problem.batch, plan.outer_dims
-    launches = []
-    for index in np.ndindex(*(plan.result_shape[d] for d in dims)):
-        extra = tuple((Matrix(t.at(base, index, dims), (t.rows, t.cols)), t.row_stride, t.col_stride,
-                       stride) for t, base, stride in zip(given, bases[3:], plan.strides[3:]))
-        launches.append(GemmOperands(
-            Matrix(A.at(bases[0], index, dims), (m, k)), Matrix(B.at(bases[1], index, dims), (k, n)),
-            Matrix(C.at(bases[2], index, dims), (m, n)), *plan.lds, scalars["alpha"], 0.0, count,
-            *plan.strides[:3], scalars["scale_a"], scalars["scale_b"], extra, values, plan.transposed))
-    return Prepared(plan.problem, tuple(launches), result, False)
+def layout(record, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool) -> Layout:
+    """The `Layout` of a call of `record`'s kind: specs are (operand name,
+    ArraySpec or None) in declaration order; choices the checked variant
+    values; needs_c: beta != 0."""
+    return _layout(_Same(record), specs, choices, out_dtype, target, needs_c)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str) -> _Plan:
-    """Every shape, dtype, broadcast and layout check of a call, memoized:
-    repeated calls of one kind skip to binding pointers."""
+def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool) -> Layout:
+    """Every shape, dtype, broadcast and layout check of a call, once."""
     record, arrays = same.record, dict(specs)
-    declared = {o.name: o for o in record.operands}
-    for o in record.operands:
+    declared = {o.name: o for o in operands_of(record)}
+    roles = role_names(record)
+    for o in declared.values():
         if not o.optional and arrays.get(o.name) is None:
             raise ProblemError(f"variant {record.name!r} needs operand {o.name!r} ({o.doc or o.dims})")
-    a, b, out = arrays["a"], arrays["b"], arrays.get("out")
-    src = _same_input_dtype(a.dtype, b.dtype)
-    for name, x in (("a", a), ("b", b)):
+    na, nb, nout, nc = roles["a"], roles["b"], roles.get("out"), roles.get("c")
+    a, b = arrays[na], arrays[nb]
+    out, c = arrays.get(nout), arrays.get(nc)
+    src = _same_input_dtype(a.dtype, b.dtype, na, nb)
+    for name, x in ((na, a), (nb, b)):
         if x.ndim < 2 or (not declared[name].batched and x.ndim != 2):
             raise ProblemError(f"variant {record.name!r} takes a {'batched ' if declared[name].batched else ''}"
                                f"matrix {name} (2-D{' or more' if declared[name].batched else ''}), "
@@ -330,58 +379,91 @@ def _plan(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str) -> 
                                   "; for batches use dispatcher.matmul or variant 'batched'"))
     (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     if k != k2:
-        raise ProblemError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} "
+        raise ProblemError(f"inner dimensions differ: {na} is {tuple(a.shape)}, {nb} is {tuple(b.shape)} "
                            f"(K {k} != {k2})")
     _check_exact_accumulation(src, k)
     try:
         batch_shape = tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
     except ValueError:
-        raise ProblemError(f"batch dims of a {tuple(a.shape[:-2])} and b {tuple(b.shape[:-2])} "
+        raise ProblemError(f"batch dims of {na} {tuple(a.shape[:-2])} and {nb} {tuple(b.shape[:-2])} "
                            "do not broadcast") from None
     dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
                             (out.dtype if out is not None else None))
     sizes = dict(m=m, n=n, k=k)
     result_shape = batch_shape + (m, n)
-    if out is not None:
-        if tuple(out.shape) != result_shape:
-            raise ProblemError(f"out has shape {tuple(out.shape)}, expected {result_shape}")
-        if dtypes.get(out.dtype) != dst:
-            raise DtypeError(f"out is {dtypes.get(out.dtype).token} but the output dtype is {dst.token}")
-    if m == 0 or n == 0 or math.prod(batch_shape) == 0:
-        return _Plan(None, result_shape, dst.numpy)
-    result = out if out is not None else ArraySpec(result_shape, _row_major(result_shape, dst.itemsize), dst.numpy)
-    tensors = {}
-    for name, x in {**arrays, "out": result}.items():
+    if needs_c and c is None and out is None:
+        raise ProblemError(f"beta != 0 needs {nc or 'c'} (the matrix beta scales)"
+                           + ("" if nc else f"; variant {record.name!r} takes none"))
+    for name, x in ((nout, out), (nc, c)):
         if x is None:
+            continue
+        if tuple(x.shape) != result_shape:
+            raise ProblemError(f"{name} has shape {tuple(x.shape)}, expected {result_shape}")
+        if dtypes.get(x.dtype) != dst:
+            raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
+    if m == 0 or n == 0 or math.prod(batch_shape) == 0:
+        return Layout(None, result_shape, dst.numpy)
+    row_major = ArraySpec(result_shape, _row_major(result_shape, dst.itemsize), dst.numpy)
+    extras = [o for o in declared.values() if o.role == "extra"]
+    staged = (out is not None and _tensor(out, declared[nout], sizes, batch_shape, False).layout(nout)[0] == "c"
+              and any("k" in o.dims for o in extras))
+    result = row_major if out is None or staged else out
+    tensors = {}
+    for name, x in {**arrays, nout: result}.items():
+        if x is None or name == nc:
             continue
         o = declared[name]
         want = {"in": src, "out": dst}.get(o.dtype) or dtypes.get(o.dtype)
         if dtypes.get(x.dtype) != want:
             raise DtypeError(f"{name} is {dtypes.get(x.dtype).token}; variant {record.name!r} "
                              f"takes it as {want.token}")
-        tensors[name] = _tensor(x, o, sizes, batch_shape, broadcast=name not in MAIN)
-    if any(s == 0 and d > 1 for s, d in zip(tensors["out"].batch_strides, batch_shape)):
-        raise ProblemError("out has a broadcast (stride 0) batch dim: its batches would overlap")
+        tensors[name] = _tensor(x, o, sizes, batch_shape, broadcast=o.role == "extra")
+    if any(s == 0 and d > 1 for s, d in zip(tensors[nout].batch_strides, batch_shape)):
+        raise ProblemError(f"{nout} has a broadcast (stride 0) batch dim: its batches would overlap")
+    if c is not None:
+        _tensor(c, declared[nc], sizes, batch_shape, False)  # its strides are readable
 
-    A, B, C = tensors["a"], tensors["b"], tensors["out"]
-    names = ["a", "b", "out"]
-    transposed = C.layout("out")[0] == "c"
+    A, B, C = tensors[na], tensors[nb], tensors[nout]
+    names = [na, nb, nout]
+    transposed = C.layout(nout)[0] == "c"
     if transposed:  # C^T = B^T A^T, row-major C^T
         A, B, C = B.T, A.T, C.T
-        names = ["b", "a", "out"]
+        names = [nb, na, nout]
         m, n = n, m
-    (la, lda), (lb, ldb), (_, ldc) = A.layout("a"), B.layout("b"), C.layout("out")
-    extras = {o.name: tensors.get(o.name) for o in record.operands if o.name not in MAIN}
+    (la, lda), (lb, ldb), (_, ldc) = A.layout(na), B.layout(nb), C.layout(nout)
+    given = {o.name: tensors.get(o.name) for o in extras}
     if transposed:
-        extras = {name: t and t.T for name, t in extras.items()}
-    options = _options(record, choices, extras)
-    given = [(name, t) for name, t in extras.items() if t is not None]
+        given = {name: t and t.T for name, t in given.items()}
+    options = _options(record, choices, given)
+    given = [(name, t) for name, t in given.items() if t is not None]
     ordered = [A, B, C, *(t for _, t in given)]
     outer_dims, count, strides = _collapse(batch_shape, ordered)
+    defaults = {o.name: o.default for o in record.options}
+    options = tuple(sorted(options.items()))
     problem = KindProblem(m, n, k, count, src.token, dst.token, la + lb + "r", record.name, target,
-                          tuple(sorted(options.items())))
-    return _Plan(problem, result_shape, dst.numpy, tuple(names + [name for name, _ in given]),
-                 tuple(ordered), outer_dims, tuple(strides), (lda, ldb, ldc), transposed)
+                          options, tuple((k_, v) for k_, v in options if defaults.get(k_) != v))
+    return Layout(problem, result_shape, dst.numpy, tuple(names + [name for name, _ in given]),
+                  tuple(ordered), outer_dims, tuple(strides), (lda, ldb, ldc), transposed, staged,
+                  nc if c is not None else None)
+
+
+def bind(layout: Layout, pointers: tuple, core: tuple, params: tuple) -> list:
+    """The argument blocks (`GemmOperands`, one per launch) of a call:
+    pointers: the address of each of `layout.names`' arrays (the result's
+    for out); core: (alpha, beta, scale_a, scale_b); params: the variant's."""
+    A, B, C, *given = layout.tensors
+    problem, dims = layout.problem, layout.outer_dims
+    (m, n, k), count = (problem.m, problem.n, problem.k), problem.batch
+    alpha, beta, scale_a, scale_b = core
+    blocks = []
+    for index in (layout.outer_indices() if dims else ((),)):
+        extra = tuple((t.matrix(base, index, dims), t.row_stride, t.col_stride, stride)
+                      for t, base, stride in zip(given, pointers[3:], layout.strides[3:]))
+        blocks.append(GemmOperands(
+            A.matrix(pointers[0], index, dims), B.matrix(pointers[1], index, dims),
+            C.matrix(pointers[2], index, dims), *layout.lds, alpha, beta, count,
+            *layout.strides[:3], scale_a, scale_b, extra, params, layout.transposed))
+    return blocks
 
 
 def _row_major(shape: tuple, itemsize: int) -> tuple:
@@ -395,10 +477,38 @@ def _row_major(shape: tuple, itemsize: int) -> tuple:
 def _options(record, choices: tuple, extras: dict) -> dict:
     """The variant-block values the call fixes: the caller's and those the
     extra operands imply."""
-    fixed = dict(choices)  # checked by `prepare`
+    fixed = dict(choices)  # checked by `check_choices`
     implied = record.problem_options({name: None if t is None else (t.row_stride, t.col_stride)
                                       for name, t in extras.items()})
     for name, value in implied.items():
         if name in fixed and fixed[name] != value:
             raise ProblemError(f"{name}={fixed[name]!r} contradicts the operands, which imply {value!r}")
     return {**fixed, **implied}
+
+
+def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular",
+                 target="cpu", memory=HOST, allocate=None, stream: int = 0) -> tuple:
+    """(problem, operands, result) of one plain GEMM on arrays already in
+    `memory`: the checks, layout and argument block of a `dispatcher.gemm`
+    call, for tools that launch a kernel themselves (the tile engine's
+    benchmark workers, the CLI's `run`, benchmarks). `result` is `out` or
+    a new row-major array; c is copied into it when beta != 0."""
+    from .plugins import get_manager
+
+    record = get_manager().variant(variant)
+    roles = role_names(record)
+    arrays = {roles["a"]: a, roles["b"]: b, roles.get("c", "c"): c, roles["out"]: out}
+    for name, x in arrays.items():
+        if x is not None and not memory.accepts(x):
+            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
+    core = (_scalar_param("alpha", alpha), _scalar_param("beta", beta), 1.0, 1.0)
+    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in operands_of(record))
+    found = layout(record, specs, (), None if out_dtype is None else dtypes.get(out_dtype).token, target,
+                   core[1] != 0)
+    result = out if out is not None else (allocate or memory.empty)(found.result_shape, found.result_dtype)
+    if found.problem is None:
+        return None, None, result
+    if core[1] and c is not None and c is not out:
+        memory.copy(result, c, stream)
+    pointers = tuple(data_pointer(result if name == roles["out"] else arrays[name]) for name in found.names)
+    return found.problem, bind(found, pointers, core, ())[0], result

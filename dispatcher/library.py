@@ -208,9 +208,26 @@ class Library:
         return size
 
 
+def _reads_numpy_data_field() -> bool:
+    """Whether an ndarray's data pointer can be read straight from its
+    object: CPython lays out an object as its header then its fields, and
+    numpy's array struct starts with the data pointer (`PyArray_DATA`).
+    Checked on this interpreter against numpy's own answer."""
+    x = np.arange(3, dtype=np.int64)[1:]
+    return ctypes.c_void_p.from_address(id(x) + object.__basicsize__).value == x.ctypes.data
+
+
+_FIELD_AT = ctypes.c_void_p.from_address
+_DATA_OFFSET = object.__basicsize__ if _reads_numpy_data_field() else None
+
+
 def data_pointer(x) -> int:
     """Address of an array's first element: a numpy array (host) or a
-    `cuda_memory.DeviceArray` (device)."""
+    `memory.View` (a device array, or a matrix of an argument block). A
+    plain ndarray's is read from its object (0.4 us, where `x.ctypes.data`
+    takes 3 us: it is read three times per call)."""
+    if type(x) is np.ndarray and _DATA_OFFSET is not None:
+        return _FIELD_AT(id(x) + _DATA_OFFSET).value or 0
     if isinstance(x, np.ndarray):
         return x.ctypes.data
     return x.ptr
@@ -236,6 +253,23 @@ def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
         args._params = (ctypes.c_double * len(operands.params))(*operands.params)
         args.param_count, args.params = len(operands.params), args._params
     return args
+
+
+def fill_gemm_args(args: GemmArgs, pointers: tuple, core: tuple, params: tuple):
+    """`args` (a copy of a plan's argument block) pointed at one call's
+    arrays: A, B, C, then the extra operands, whose strides it keeps; core:
+    (alpha, beta, scale_a, scale_b); params: the variant's parameters."""
+    args.a, args.b, args.c = pointers[0], pointers[1], pointers[2]
+    args.alpha, args.beta, args.scale_a, args.scale_b = core
+    if len(pointers) > 3:  # a fresh array: the template's is shared by every call
+        extra = (OperandArg * (len(pointers) - 3))()
+        for i, ptr in enumerate(pointers[3:]):
+            kept = args.extra[i]
+            extra[i] = OperandArg(ptr, kept.row_stride, kept.col_stride, kept.batch_stride)
+        args._extra, args.extra = extra, extra
+    if params:
+        args._params = (ctypes.c_double * len(params))(*params)
+        args.params = args._params
 
 
 def grouped_mm_args(operands, stream: int = 0) -> GroupedMmArgs:

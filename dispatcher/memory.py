@@ -9,9 +9,35 @@ caller passed (numpy in, numpy out; torch in, torch out).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import ProblemError
+
+
+class View:
+    """A typed, strided view of memory at an address (numpy dtype, byte
+    strides): what an argument block points at, on any target. `owner`
+    keeps the memory alive (None: the caller does)."""
+
+    __slots__ = ("shape", "strides", "dtype", "ptr", "owner", "ndim", "size", "itemsize")
+
+    def __init__(self, shape, strides, dtype, ptr, owner=None):
+        self.shape, self.strides = tuple(shape), tuple(strides)
+        self.dtype, self.ptr, self.owner = np.dtype(dtype), int(ptr), owner
+        self.ndim, self.size, self.itemsize = len(self.shape), math.prod(self.shape), self.dtype.itemsize
+
+    @property
+    def T(self):
+        return View(self.shape[::-1], self.strides[::-1], self.dtype, self.ptr, self.owner)
+
+    def extent(self) -> tuple:
+        """[first byte, last byte + 1) this view touches."""
+        if self.size == 0:
+            return self.ptr, self.ptr
+        last = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        return self.ptr, self.ptr + last + self.itemsize
 
 
 class HostMemory:
@@ -33,7 +59,6 @@ class HostMemory:
         return x.flags.writeable
 
     def poison(self, x, stream: int = 0):
-        from .verify import poison
         poison(x)
 
     def zero(self, x, nbytes: int, stream: int = 0):
@@ -60,3 +85,13 @@ class HostSession:
 
     def finish(self, result, host_out=None):
         return result
+
+
+def poison(x: np.ndarray) -> np.ndarray:
+    """Fill an output buffer with a value no kernel writes: NaN, or the
+    minimum of an integer type."""
+    if np.issubdtype(x.dtype, np.integer):
+        x[...] = np.iinfo(x.dtype).min
+    else:
+        x[...] = np.nan
+    return x

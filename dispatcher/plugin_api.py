@@ -75,12 +75,17 @@ def launches_gemm(variant: str, registry: bool = False):
     `dispatcher_run_gemm` (or its registry entry) with the argument block
     the core built (batch, strides, extra operands, parameters), passing
     the `workers` and `stream` launch options."""
+    def entry_point(library):
+        return library.registry[library.name] if registry else library.require("dispatcher_run_gemm")
+
     @for_variant(variant)
     def dispatcher_launch(library, problem, operands, options):
-        entry = library.registry[library.name] if registry else None
         args = gemm_args(operands, workers=options.get("workers", 0), stream=options.get("stream", 0))
-        library.run_gemm(args, entry)
+        library.run_gemm(args, entry_point(library))
         return LaunchResult(library.name)
+    # A plan that binds this launch may call the entry point itself with the
+    # same argument block (`dispatcher.plans`): it does nothing else.
+    dispatcher_launch.direct_gemm = entry_point
     return dispatcher_launch
 
 

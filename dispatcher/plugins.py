@@ -157,7 +157,9 @@ def _with_its_arguments(impl):
     """`impl` callable with every argument of the hook spec: an
     implementation may declare only some of them (pluggy passes it those)."""
     names = tuple(impl.argnames)
-    return lambda **arguments: impl.function(**{name: arguments[name] for name in names})
+    call = lambda **arguments: impl.function(**{name: arguments[name] for name in names})
+    call.direct_gemm = getattr(impl.function, "direct_gemm", None)  # see plugin_api.launches_gemm
+    return call
 
 
 def _warn_unknown_disabled(disabled: set, installed: list):

@@ -19,7 +19,6 @@ import numpy as np
 
 from . import dtypes
 from .errors import AliasingError, DtypeError, LayoutError, ProblemError
-from .library import data_pointer
 from .memory import HOST
 
 
@@ -214,10 +213,6 @@ def possible_layouts(x: np.ndarray, what: str) -> list:
     return found
 
 
-def _flip(layout_char: str) -> str:
-    return "c" if layout_char == "r" else "r"
-
-
 def check_arrays(required, optional=()):
     """What no target can take, refused before any target sees the arrays:
     a missing operand, and a numpy masked array, whose mask the kernels
@@ -287,10 +282,10 @@ def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
     return _same_input_dtype(a.dtype, b.dtype)
 
 
-def _same_input_dtype(dtype_a, dtype_b) -> dtypes.DType:
+def _same_input_dtype(dtype_a, dtype_b, name_a: str = "a", name_b: str = "b") -> dtypes.DType:
     da, db = dtypes.get(dtype_a), dtypes.get(dtype_b)
     if da != db:
-        raise DtypeError(f"a is {da.token} but b is {db.token}; both inputs must have one dtype")
+        raise DtypeError(f"{name_a} is {da.token} but {name_b} is {db.token}; both inputs must have one dtype")
     if da.token not in dtypes.INPUT_TOKENS:
         raise DtypeError(f"{da.token} is not an input dtype; inputs: {', '.join(dtypes.INPUT_TOKENS)}")
     return da
@@ -322,97 +317,6 @@ class ArraySpec(tuple):
     size = property(lambda self: math.prod(self[0]))
     itemsize = property(lambda self: self[2].itemsize)
     T = property(lambda self: ArraySpec(self[0][::-1], self[1][::-1], self[2]))
-
-
-@attrs.frozen
-class GemmPlan:
-    """What `prepare_gemm` derives from shapes, strides and dtypes alone."""
-
-    problem: GemmProblem
-    out_dtype: np.dtype
-    lda: int
-    ldb: int
-    ldc: int
-    transposed: bool     # computed as C^T = B^T A^T (column-major result)
-
-
-@functools.lru_cache(maxsize=4096)
-def plan_gemm(a: ArraySpec, b: ArraySpec, c, out, needs_c: bool, out_dtype, variant: str,
-              target: str) -> GemmPlan:
-    """Every shape, dtype and layout check of a GEMM call, memoized: repeated
-    calls of one kind (the common case) skip straight to allocation and launch."""
-    src = _same_input_dtype(a.dtype, b.dtype)
-    if a.ndim != 2 or b.ndim != 2:
-        raise ProblemError(f"a and b must be 2-D, got shapes {a.shape} and {b.shape} "
-                           "(batches: dispatcher.matmul)")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ProblemError(f"inner dimensions differ: a is {a.shape}, b is {b.shape} (K {k} != {k2})")
-    _check_exact_accumulation(src, k)
-    dst = dtypes.output_for(src.token, out_dtype if out_dtype is not None else
-                            (out.dtype if out is not None else None))
-    if needs_c and c is None and out is None:
-        raise ProblemError("beta != 0 needs c (the matrix beta scales)")
-    for name, x in (("c", c), ("out", out)):
-        if x is None:
-            continue
-        if x.shape != (m, n):
-            raise ProblemError(f"{name} has shape {x.shape}, expected {(m, n)}")
-        if dtypes.get(x.dtype) != dst:
-            raise DtypeError(f"{name} is {dtypes.get(x.dtype).token} but the output dtype is {dst.token}")
-    result = out if out is not None else ArraySpec((m, n), (n * dst.itemsize, dst.itemsize), dst.numpy)
-    la, lda = possible_layouts(a, "a")[0]
-    lb, ldb = possible_layouts(b, "b")[0]
-    lc, ldc = possible_layouts(result, "out")[0]
-    transposed = lc == "c"
-    if transposed:  # C^T = B^T A^T with row-major C^T
-        (la, lda), (lb, ldb) = (_flip(lb), ldb), (_flip(la), lda)
-        m, n = n, m
-        ldc = possible_layouts(result.T, "out")[0][1]
-    problem = GemmProblem(m, n, k, src.token, dst.token, la + lb + "r", variant, target)
-    return GemmPlan(problem, dst.numpy, lda, ldb, ldc, transposed)
-
-
-def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None,
-                 variant="regular", target="cpu", memory=HOST, allocate=None, stream: int = 0):
-    """(problem, operands, result) for C = alpha*a@b + beta*c.
-
-    `result` is the array the caller gets back (`out` if given). A
-    column-major result is computed as its row-major transpose
-    (C^T = B^T A^T), so kernels only ever write row-major C. `stream`: where
-    the kernel will run; copying `c` into the result is ordered on it.
-    """
-    _check_memory(memory, ("a", a), ("b", b), ("c", c), ("out", out))
-    alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
-    if out_dtype is not None:
-        out_dtype = dtypes.get(out_dtype).token  # a clear error for a bad one, and hashable
-    plan = plan_gemm(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(c), ArraySpec.of(out),
-                     beta != 0, out_dtype, variant, target)
-    _integer_output_scalars(plan.out_dtype, alpha=alpha, beta=beta)
-    if c is not None:
-        _check_no_alias(memory, c, "c", ("a", a), ("b", b))
-    if out is not None:
-        _check_no_alias(memory, out, "out", ("a", a), ("b", b))
-        if not memory.writable(out):
-            raise ProblemError("out is read-only")
-    if out is None:  # a new result is row-major, so the plan is not transposed
-        result = (allocate or memory.empty)((plan.problem.m, plan.problem.n), plan.out_dtype)
-    else:
-        result = out
-    if beta != 0 and c is not None and not _same_elements(c, result):
-        if memory.overlaps(c, result):
-            raise AliasingError("c partially overlaps out; c may be out itself, or a view of "
-                                "exactly its elements, but not a part of them")
-        memory.copy(result, c, stream)
-    A, B, C = (b.T, a.T, result.T) if plan.transposed else (a, b, result)
-    operands = GemmOperands(A, B, C, plan.lda, plan.ldb, plan.ldc, alpha, beta)
-    return plan.problem, operands, result
-
-
-def _same_elements(x, y) -> bool:
-    """Whether x and y are the same elements of one buffer (out itself, or a
-    view such as out[...]): C is then updated in place, with nothing to copy."""
-    return x is y or (ArraySpec.of(x) == ArraySpec.of(y) and data_pointer(x) == data_pointer(y))
 
 
 def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",

@@ -33,10 +33,10 @@ class Estimate:
         return (self.tier, self.value, self.config.name)
 
 
-def estimate(problem, config, manager) -> Estimate:
-    """`config`'s estimate on `problem` (see the module docstring)."""
+def estimate(problem, config, record) -> Estimate:
+    """`config`'s estimate on `problem` (see the module docstring); record:
+    the config's variant (its `k_splits`)."""
     target = targets.get(config.target)
-    record = manager.variants().get(config.variant)
     splits = record.k_splits(config) if record is not None else 1
     found = target.model_estimate(problem, config, splits)
     if found is not None:
@@ -44,9 +44,9 @@ def estimate(problem, config, manager) -> Estimate:
     return Estimate(config, estimated_cost(problem, config), OCCUPANCY, 1)
 
 
-def rank(problem, candidates, manager) -> list:
-    """`candidates` as Estimates, best first."""
-    return sorted((estimate(problem, c, manager) for c in candidates), key=lambda e: e.key)
+def rank(problem, candidates, record) -> list:
+    """`candidates` (configs of the variant `record`) as Estimates, best first."""
+    return sorted((estimate(problem, c, record) for c in candidates), key=lambda e: e.key)
 
 
 def estimated_cost(problem, config) -> float:

@@ -180,7 +180,7 @@ def _cache_no_home(ctx):
 def _abi_bad_arguments():
     from dispatcher.api import default_dispatcher
     from dispatcher.library import gemm_args
-    from dispatcher.problem import prepare_gemm
+    from dispatcher.kinds import prepare_gemm
     problem, ops, _ = prepare_gemm(f32(8, 8), f32(8, 8))
     d = default_dispatcher()
     library = d.library(d.config_matching(problem, SMALL))

@@ -152,7 +152,7 @@ def test_the_epilogue_is_in_the_kernel_name(rng):
     (lambda a, b: dispatcher.run("grouped", a=a, b=b), dispatcher.ConfigError, "declares no operands"),
     (lambda a, b: dispatcher.gemm(a, a, variant="batched"), dispatcher.ConfigError,
      "runs batched problems: call dispatcher.run or dispatcher.matmul"),
-    (lambda a, b: dispatcher.gemm(a, b), dispatcher.ProblemError, r"batches: dispatcher.matmul"),
+    (lambda a, b: dispatcher.gemm(a, b), dispatcher.ProblemError, r"for batches use dispatcher.matmul"),
     (lambda a, b: dispatcher.matmul(a, b, out=np.broadcast_to(np.empty((6, 7), np.float32), (3, 6, 7))),
      dispatcher.ProblemError, "read-only"),
     (lambda a, b: dispatcher.matmul(a, b, out=np.lib.stride_tricks.as_strided(

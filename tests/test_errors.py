@@ -10,7 +10,7 @@ import dispatcher
 from dispatcher import errors
 from dispatcher.api import default_dispatcher
 from dispatcher.library import gemm_args
-from dispatcher.problem import prepare_gemm
+from dispatcher.kinds import prepare_gemm
 from dispatcher.targets import cpu_isa
 from dispatcher.targets.cpu import Toolchain
 

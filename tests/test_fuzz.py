@@ -57,7 +57,9 @@ import dispatcher
 from dispatcher import dtypes
 from dispatcher.api import default_dispatcher
 from dispatcher.errors import UnsupportedProblem
-from dispatcher.problem import ArraySpec, plan_gemm, prepare_grouped
+from dispatcher import kinds
+from dispatcher.plugins import get_manager
+from dispatcher.problem import ArraySpec, prepare_grouped
 from dispatcher.targets.cpu import cpu_count
 from dispatcher.verify import reference, tolerance
 
@@ -355,9 +357,10 @@ def stream_k_has_too_few_iterations(case, a, b, kwargs) -> bool:
     if case["variant"] != "stream_k" or not config or config["decomposition"] != "stream_k":
         return False
     out_dtype = case["out_token"] if "out_dtype" in kwargs else None
-    problem = plan_gemm(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(kwargs.get("c")),
-                        ArraySpec.of(kwargs.get("out")), case["beta"] != 0, out_dtype,
-                        "stream_k", "cpu").problem
+    record = get_manager().variant("stream_k")
+    arrays = {"a": a, "b": b, "c": kwargs.get("c"), "out": kwargs.get("out")}
+    specs = tuple((o.name, ArraySpec.of(arrays[o.name])) for o in kinds.operands_of(record))
+    problem = kinds.layout(record, specs, (), out_dtype, "cpu", case["beta"] != 0).problem
     tiles = -(-problem.m // config["tile_m"]) * -(-problem.n // config["tile_n"])
     workers = case["workers"] or cpu_count()
     return tiles * -(-problem.k // config["tile_k"]) < workers

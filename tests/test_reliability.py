@@ -123,7 +123,7 @@ def test_allocation_failure_in_a_kernel_thread_is_an_error_not_an_abort():
         a = np.ones((64, 64), np.float32)
         dispatcher.gemm(a, a, config=dict(tile_m=24, tile_n=64, tile_k=32))  # threads started
         d = dispatcher.api.default_dispatcher()
-        problem, _, _ = dispatcher.problem.prepare_gemm(a, a)
+        problem, _, _ = dispatcher.kinds.prepare_gemm(a, a)
         big = dict(tile_m=4092, tile_n=4096, tile_k=32)
         d.library(d.config_matching(problem, big))  # built and loaded
         with open("/proc/self/status") as f:

@@ -13,7 +13,8 @@ import dispatcher
 from dispatcher import errors
 from dispatcher.api import Dispatcher
 from dispatcher.plugins import PluginManager
-from dispatcher.problem import GemmProblem, prepare_gemm
+from dispatcher.kinds import prepare_gemm
+from dispatcher.problem import GemmProblem
 from dispatcher.targets import cuda_model
 from dispatcher.tuning import TuningDatabase
 from dispatcher.verify import max_rel, poison, random_matrix, reference

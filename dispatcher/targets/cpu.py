@@ -83,6 +83,7 @@ class CpuTarget:
     active one (`cpu_isa.active`), so variant plugins name block tiles only."""
 
     name: str = "cpu"
+    pads = False  # its kernels read operands at any alignment (see `aligned`)
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
                "instruction set (default: $DISPATCHER_CPU_ISA, else the best this machine runs)",

@@ -116,6 +116,7 @@ class Toolchain(CompilerMixin):
 @attrs.frozen
 class CudaTarget:
     name: str = "cuda"
+    pads = True  # operands that break TMA's 16-byte rule are staged (see `aligned`)
     options: tuple = (
         Option("cluster_m", 2, "thread-block cluster extent along M", choices=(1, 2, 4)),
         Option("cluster_n", 1, "thread-block cluster extent along N", choices=(1, 2, 4)),

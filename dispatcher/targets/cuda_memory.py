@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import DtypeError, ProblemError, ToolchainError
+from ..memory import View
 
 
 def _cupy():
@@ -57,26 +58,7 @@ def is_device_array(x) -> bool:
     return hasattr(x, "__cuda_array_interface__") or (_is_torch(x) and getattr(x, "is_cuda", False))
 
 
-class DeviceArray:
-    """A typed, strided view of device memory (numpy dtype, byte strides)."""
-
-    __slots__ = ("shape", "strides", "dtype", "ptr", "owner", "ndim", "size", "itemsize")
-
-    def __init__(self, shape, strides, dtype, ptr, owner):
-        self.shape, self.strides = tuple(shape), tuple(strides)
-        self.dtype, self.ptr, self.owner = np.dtype(dtype), int(ptr), owner
-        self.ndim, self.size, self.itemsize = len(self.shape), math.prod(self.shape), self.dtype.itemsize
-
-    @property
-    def T(self):
-        return DeviceArray(self.shape[::-1], self.strides[::-1], self.dtype, self.ptr, self.owner)
-
-    def extent(self) -> tuple:
-        """[first byte, last byte + 1) this view touches."""
-        if self.size == 0:
-            return self.ptr, self.ptr
-        last = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
-        return self.ptr, self.ptr + last + self.itemsize
+DeviceArray = View  # a view of device memory
 
 
 # torch dtype name -> dtype token; the torch dtype objects themselves are

@@ -29,7 +29,7 @@ def build(config_dict: dict):
     """(name, BuiltLibrary, None) on success, (name, None, first error lines)
     on failure: one kernel into this host's build cache. Any executor's
     build step runs this, in whatever process it builds in."""
-    from ..api import Dispatcher
+    from ..dispatch import Dispatcher
     config = KernelConfig.from_dict(config_dict)
     d = Dispatcher(tuning=None)
     try:

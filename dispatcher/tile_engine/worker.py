@@ -30,7 +30,7 @@ def _log(record):
 class Bench:
     def __init__(self, header):
         from .. import targets
-        from ..api import Dispatcher
+        from ..dispatch import Dispatcher
         from ..plugins import get_manager
         from ..timing import TimingOptions
         self.h = header
@@ -56,7 +56,8 @@ class Bench:
         key = (idx, copy)
         if key in self.prepared:
             return self.prepared[key]
-        from ..problem import prepare_gemm, prepare_grouped
+        from ..kinds import prepare_gemm
+        from ..problem import prepare_grouped
         from ..verify import random_matrix
         rng = np.random.default_rng(1000 + idx)
         h, lay = self.h, self.h["layout"]

@@ -284,6 +284,11 @@ class RegionErrors {
 // thread on a core shared with other work takes fewer.
 template <class Work>
 void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0) {
+    if (threads > tiles) threads = static_cast<int>(tiles);  // a thread with no tile would only be woken
+    if (threads <= 1) {  // no team: a small problem costs what its tiles cost
+        for (int64_t t = 0; t < tiles; ++t) work(t);
+        return;
+    }
     RegionErrors errors;
     if (chunk > 0) {
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) proc_bind(close)

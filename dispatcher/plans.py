@@ -1,0 +1,236 @@
+"""Plans: one kind of call, worked out once.
+
+Everything a call's result depends on, except the data, is decided by the
+problem kind (the variant's record), the operands' shapes, strides, dtypes
+and memory, the call's options and the kernel chosen for it: the checks,
+the selection, the argument block, the output's size and the bound entry
+point. A `Plan` holds all of that. It is made on a call's first
+appearance and memoized by the call's signature (`Dispatcher.plans`), so
+a warm call only confirms that its arrays are the ones the plan was made
+for (finding the plan by their specs is that check), checks what depends
+on the data (writability, aliasing), binds pointers and scalars and
+launches. A plan binds what the hook chain chose (the selected config,
+its library and the `dispatcher_launch` implementation that answered);
+registering a plugin forgets every plan.
+
+Users may hold one (`dispatcher.plan(...)`) to skip even the lookup:
+    p = dispatcher.plan("regular", a=a, b=b)
+    c = p(a, b)            # any arrays with a's and b's shapes, strides, dtypes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import kinds, targets
+from .errors import AliasingError, ProblemError
+from .library import GemmArgs, data_pointer, fill_gemm_args, gemm_args
+from .problem import ArraySpec, _integer_output_scalars
+
+
+def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target: str, needs_c: bool,
+            config=None, options=None, strict=False, autotune=False) -> "Plan":
+    """The plan of a call of `record`'s kind on `arrays` (operand name ->
+    array in `target`'s memory, or None), memoized in `dispatcher.plans`
+    by everything it depends on. choices: the checked variant values;
+    options: resolved launch options (hashable values)."""
+    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in kinds.operands_of(record))
+    signature = (id(record), specs, choices, out_dtype, target, needs_c, _hashable(config),
+                 tuple(sorted((options or {}).items())), strict, autotune)
+    dispatcher._check_generation()
+    found = dispatcher.plans.get(signature)
+    if found is None:
+        layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c)
+        found = Plan(dispatcher, record, layout, target, specs, config, options, strict, autotune)
+        if config is not None and layout.problem is not None:
+            found.config = dispatcher.config_matching(layout.problem, config)  # a clear error before any build
+        dispatcher.plans[signature] = found
+    return found
+
+
+def _hashable(config):
+    """A config as part of a plan's signature: a dict of fields by its items."""
+    if isinstance(config, Mapping):
+        try:
+            return tuple(sorted(config.items()))
+        except TypeError:  # unorderable keys: the config check says what is wrong
+            return id(config)
+    try:
+        hash(config)
+    except TypeError:
+        return id(config)
+    return config
+
+
+class Plan:
+    """A declared kind's call with its shapes, strides, dtypes, memory,
+    options and kernel fixed (module docstring)."""
+
+    def __init__(self, dispatcher, record, layout: kinds.Layout, target: str, specs: tuple,
+                 config=None, options=None, strict=False, autotune=False):
+        self.dispatcher, self.record, self.layout = dispatcher, record, layout
+        self.target, self.specs = targets.get(target), specs
+        self.problem = layout.problem
+        self.config, self.options, self.strict, self.autotune = config, options or {}, strict, autotune
+        self.names = kinds.role_names(record)
+        self.generation = dispatcher.manager.generation
+        self.chosen = None   # (config, library, bound launch) once the first launch has run
+        self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
+
+    def __repr__(self):
+        return f"Plan({self.problem}, kernel={self.chosen[0].name if self.chosen else None})"
+
+    def matches(self, arrays: dict) -> bool:
+        """Whether `arrays` are what the plan was made for."""
+        return all(ArraySpec.of(arrays.get(name)) == spec for name, spec in self.specs)
+
+    # ----------------------------------------------------------- per call
+    def __call__(self, arrays: dict, core: tuple, params: tuple, memory, allocate, stream: int = 0):
+        """Run the planned call on `arrays` (operand name -> array in the
+        target's memory, matching the plan's specs); returns the result.
+        core: (alpha, beta, scale_a, scale_b); params: the variant's."""
+        layout, names = self.layout, self.names
+        out = arrays.get(names.get("out"))
+        if out is not None:
+            _check_out(memory, out, names, arrays)
+        result = out if out is not None and not layout.staged else \
+            allocate(layout.result_shape, layout.result_dtype)
+        if layout.problem is None:  # an empty output
+            return result
+        if layout.integer_output:
+            _integer_output_scalars(layout.result_dtype, alpha=core[0], beta=core[1])
+        if core[1] and layout.c is not None:
+            c = arrays[layout.c]
+            if not _same_elements(c, result):
+                if out is not None and memory.overlaps(c, out):
+                    raise AliasingError(f"{layout.c} partially overlaps {names['out']}; it may be "
+                                        f"{names['out']} itself, or a view of exactly its elements")
+                memory.copy(result, c, stream)
+        if layout.problem.k == 0:
+            self._empty_product(result, core[1], params, memory, allocate)
+        else:
+            self._launch(arrays, result, core, params, allocate)
+        if layout.staged:
+            memory.copy(out, result, stream)
+            return out
+        return result
+
+    def _pointers(self, arrays: dict, result) -> tuple:
+        out = self.names.get("out")
+        return tuple(data_pointer(result if name == out else arrays[name]) for name in self.layout.names)
+
+    def _launch(self, arrays: dict, result, core: tuple, params: tuple, allocate):
+        """Bind and launch: straight into the kernel's entry point once a
+        standard GEMM launch is bound, else each argument block through
+        the bound hook implementation."""
+        direct = self._direct
+        if direct is not None and self.generation == self.dispatcher.manager.generation:
+            entry, template, library = direct
+            args = GemmArgs.from_buffer_copy(template)
+            fill_gemm_args(args, self._pointers(arrays, result), core, params)
+            library.check(entry(args))
+            return
+        blocks = kinds.bind(self.layout, self._pointers(arrays, result), core, params)
+        write_back = None
+        if self.target.pads and len(blocks) == 1 and self.layout.problem.batch == 1 and not blocks[0].extra:
+            staging = _Staging(self.options.get("stream", 0), allocate)
+            block, write_back = self.target.aligned(self.layout.problem, blocks[0], staging)
+            blocks = [block]
+        if self.chosen is None or self.generation != self.dispatcher.manager.generation:
+            self._choose(blocks[0])
+            blocks = blocks[1:]
+        for block in blocks:
+            self._run(block)
+        if write_back is not None:
+            write_back()
+
+    def _choose(self, block):
+        """The first launch: autotune if asked and new, then run the
+        selected (or given) kernel, falling back down the ranking on status
+        -2, and bind the kernel and the launch implementation that ran."""
+        d, problem = self.dispatcher, self.layout.problem
+        if self.config is None and self.autotune:
+            d.autotune_if_new(problem, block, self.options)
+        self.problem, config = d.run_or_fall_back(problem, block, self.config, self.options, self.strict,
+                                                  resolved=True)
+        library = d.library(config)
+        launch = d.bound_launch(self.problem.variant)
+        self.generation = d.manager.generation
+        self.chosen = (config, library, launch)
+        direct = getattr(launch, "direct_gemm", None)
+        if direct is not None and not self.target.pads and not self.layout.outer_dims:
+            template = gemm_args(block, workers=self.options.get("workers", 0),
+                                 stream=self.options.get("stream", 0))
+            self._direct = (direct(library), template, library)
+
+    def _run(self, block):
+        config, library, launch = self.chosen
+        if launch is None or launch(library=library, problem=self.problem, operands=block,
+                                    options=self.options) is None:
+            self.dispatcher.launch(library, self.problem, block, self.options, resolved=True)
+
+    def _empty_product(self, result, beta: float, params: tuple, memory, allocate):
+        """K = 0: C = beta * C, with nothing added. On the host in float64
+        (then stored as the kernels store); elsewhere by the kernel itself
+        on zero-filled K = 16 operands with alpha = 0, so the target's own
+        epilogue scales C (or writes zeros when beta is 0)."""
+        record = self.record
+        plain = not params and len(self.layout.names) == 3 and \
+            all(v == _default(record, n) for n, v in self.layout.problem.options)
+        if not plain:
+            raise ProblemError("K = 0 is not supported with extra operands, parameters or a fused "
+                               "epilogue: there is no product to apply them to")
+        if isinstance(result, np.ndarray):
+            result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
+            return
+        (m, k), (_, n) = self.specs[0][1].shape[-2:], self.specs[1][1].shape[-2:]
+        depth, stream = 16, self.options.get("stream", 0)
+        a, b = self.specs[0][1], self.specs[1][1]
+        zeros = {self.names["a"]: allocate(a.shape[:-1] + (depth,), a.dtype),
+                 self.names["b"]: allocate(b.shape[:-2] + (depth, b.shape[-1]), b.dtype),
+                 self.names["out"]: result}
+        for name in (self.names["a"], self.names["b"]):
+            memory.zero(zeros[name], zeros[name].size * zeros[name].itemsize, stream)
+        plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
+                       self.target.name, False, None, self.options)
+        plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
+
+
+class _Staging:
+    """What the target's `aligned` needs of the call: its stream and the
+    call's allocator (scratch in the target's memory, on that stream)."""
+
+    def __init__(self, stream: int, allocate):
+        self.stream, self.empty = stream, allocate
+
+
+def _default(record, name):
+    return next((o.default for o in record.options if o.name == name), None)
+
+
+def _stored(values: np.ndarray, dtype) -> np.ndarray:
+    """float64 `values` converted as the kernels' epilogue converts them: an
+    integer output rounded half to even and saturated (docs/reference.md,
+    "int32 outputs"), a float output rounded to nearest."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        values = np.clip(np.rint(values), info.min, info.max)
+    return values.astype(dtype)
+
+
+def _same_elements(x, y) -> bool:
+    """Whether x and y are the same elements of one buffer (out itself, or a
+    view such as out[...]): C is then updated in place, with nothing to copy."""
+    return x is y or (ArraySpec.of(x) == ArraySpec.of(y) and data_pointer(x) == data_pointer(y))
+
+
+def _check_out(memory, out, names: dict, arrays: dict):
+    """out is writable and shares no memory with what the kernel reads."""
+    if not memory.writable(out):
+        raise ProblemError(f"{names['out']} is read-only")
+    for name, x in arrays.items():
+        if x is not None and x is not out and name not in (names["out"], names.get("c")) \
+                and memory.overlaps(out, x):
+            raise AliasingError(f"{names['out']} overlaps {name}; the kernel would read what it writes")

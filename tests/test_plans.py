@@ -1,0 +1,161 @@
+"""Plans (dispatcher.plans): one kind of call is worked out once, then each
+call binds pointers and launches. Counted, invalidated, refused and
+checked against the float64 reference."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher.api import Dispatcher
+from dispatcher.errors import AliasingError, ProblemError
+from dispatcher.plugins import PluginManager
+from dispatcher.verify import max_rel, poison, random_matrix, reference
+
+SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
+
+
+@pytest.fixture
+def d(tmp_path):
+    return Dispatcher(tuning=None, manager=PluginManager())
+
+
+def test_a_kind_of_call_is_planned_once_and_replanned_for_what_changes_it(d, rng):
+    a = random_matrix(40, 30, "fp32", "r", rng)
+    b = random_matrix(30, 20, "fp32", "r", rng)
+    assert max_rel(dispatcher.gemm(a, b, dispatcher=d), reference(a, b)) <= 1e-5
+    assert len(d.plans) == 1
+    for _ in range(3):  # same kind of call, new data: the same plan
+        a2 = random_matrix(40, 30, "fp32", "r", rng)
+        assert max_rel(dispatcher.gemm(a2, b, dispatcher=d), reference(a2, b)) <= 1e-5
+    assert len(d.plans) == 1
+    (plan,) = d.plans.values()
+    assert plan.chosen is not None
+    changes = [
+        (random_matrix(41, 30, "fp32", "r", rng), b),                    # a new shape
+        (np.asfortranarray(a), b),                                       # a new stride (layout)
+        (random_matrix(80, 30, "fp32", "r", rng)[::2], b),               # a new stride (pitch)
+        (a.astype(dispatcher.dtypes.get("bf16").numpy), b.astype(dispatcher.dtypes.get("bf16").numpy)),
+    ]
+    for count, (x, y) in enumerate(changes, start=2):
+        out = dispatcher.gemm(x, y, dispatcher=d)
+        assert len(d.plans) == count
+        tol = 1e-5 if x.dtype == np.float32 else 2e-2
+        assert max_rel(out, reference(x, y)) <= tol
+
+
+def test_registering_a_plugin_forgets_every_plan(d, rng):
+    a, b = random_matrix(16, 16, "fp32", "r", rng), random_matrix(16, 16, "fp32", "r", rng)
+    dispatcher.gemm(a, b, dispatcher=d)
+    (before,) = d.plans.values()
+
+    class Nothing:
+        pass
+    d.manager.register(Nothing(), "nothing")
+    assert max_rel(dispatcher.gemm(a, b, dispatcher=d), reference(a, b)) <= 1e-5
+    (after,) = d.plans.values()
+    assert after is not before
+
+
+def test_a_held_plan_runs_new_data_and_refuses_other_arrays(d, rng):
+    a = random_matrix(33, 17, "fp32", "r", rng)
+    b = random_matrix(17, 45, "fp32", "c", rng)
+    p = dispatcher.plan("regular", a=a, b=b, dispatcher=d)
+    for _ in range(2):
+        a2 = random_matrix(33, 17, "fp32", "r", rng)
+        assert max_rel(p(a2, b), reference(a2, b)) <= 1e-5
+    out = poison(np.empty((33, 45), np.float32))
+    with pytest.raises(ProblemError, match="do not match the plan"):
+        p(a, b, out=out)  # planned without out
+    with pytest.raises(ProblemError, match="do not match the plan"):
+        p(np.ascontiguousarray(b), np.ascontiguousarray(a.T))
+    with pytest.raises(ProblemError, match="do not match the plan"):
+        p(a, np.ascontiguousarray(b))  # another layout
+    with pytest.raises(ProblemError, match="do not match the plan"):
+        p(a, b, beta=1.0, c=out)  # beta changes the planned call
+    held = dispatcher.plan("regular", a=a, b=b, out=out, dispatcher=d)
+    assert held(a, b, out=out) is out and max_rel(out, reference(a, b)) <= 1e-5
+
+
+def test_beta_and_c_through_the_plan(d, rng):
+    a, b = random_matrix(20, 12, "fp32", "r", rng), random_matrix(12, 28, "fp32", "r", rng)
+    c = random_matrix(20, 28, "fp32", "r", rng)
+    want = reference(a, b, c, alpha=2.0, beta=0.5)
+    assert max_rel(dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, dispatcher=d), want) <= 1e-5
+    out = c.copy()  # c is out: updated in place
+    assert dispatcher.gemm(a, b, c=out, out=out, alpha=2.0, beta=0.5, dispatcher=d) is out
+    assert max_rel(out, want) <= 1e-5
+    out_col = np.asfortranarray(c)  # column-major out with beta: its own values scaled
+    dispatcher.gemm(a, b, out=out_col, alpha=2.0, beta=0.5, dispatcher=d)
+    assert max_rel(out_col, want) <= 1e-5
+    with pytest.raises(ProblemError, match="beta != 0 needs c"):
+        dispatcher.gemm(a, b, beta=1.0, dispatcher=d)
+    big = np.zeros((40, 28), np.float32)
+    with pytest.raises(AliasingError, match="partially overlaps"):
+        dispatcher.gemm(a, b, c=big[:20], out=big[10:30], beta=1.0, dispatcher=d)
+
+
+def test_column_major_out_with_a_k_dim_extra_operand_is_staged_not_transposed(rng):
+    """A kind that declares an extra operand with a K dim is never
+    transposed (the kernel could not tell its operands apart): the kernel
+    writes a row-major temporary that is copied into a column-major out."""
+    from dispatcher import kinds
+    from dispatcher.records import VariantRecord
+
+    record = VariantRecord("kdim", "kdim", ("cpu",), ("fp32",), ("rrr",),
+                           operands=(*kinds.gemm_operands(),
+                                     kinds.Operand("w", ("k", "n"), optional=True)))
+    a, b = random_matrix(8, 5, "fp32", "r", rng), random_matrix(5, 6, "fp32", "r", rng)
+    out = np.asfortranarray(np.zeros((8, 6), np.float32))
+    specs = tuple((o.name, dispatcher.problem.ArraySpec.of({"a": a, "b": b, "out": out, "w": b}.get(o.name)))
+                  for o in record.operands)
+    layout = kinds.layout(record, specs, (), None, "cpu", False)
+    assert layout.staged and not layout.transposed and layout.names[:2] == ("a", "b")
+    mn = VariantRecord("mn", "mn", ("cpu",), ("fp32",), ("rrr",),
+                       operands=(*kinds.gemm_operands(), kinds.Operand("w", ("m", "n"), optional=True)))
+    layout = kinds.layout(mn, tuple((n, s) for n, s in specs if n != "w") + (("w", None),), (), None,
+                          "cpu", False)
+    assert layout.transposed and not layout.staged and layout.names[:2] == ("b", "a")
+
+
+def test_target_follows_the_data(rng):
+    a, b = random_matrix(8, 8, "fp32", "r", rng), random_matrix(8, 8, "fp32", "r", rng)
+    assert isinstance(dispatcher.gemm(a, b), np.ndarray)  # target="auto": numpy -> cpu
+    with pytest.raises(dispatcher.ConfigError, match="unknown target"):
+        dispatcher.gemm(a, b, target="tpu")
+
+
+def test_the_call_path_has_no_import_cycle():
+    """A reader follows a call through one module per step: no module of
+    the package imports one that (transitively) imports it back."""
+    code = r'''
+import ast, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+mods = {}
+for p in root.rglob("*.py"):
+    parts = p.relative_to(root.parent).with_suffix("").parts
+    mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+graph = {m: set() for m in mods}
+for m, p in mods.items():
+    pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+            graph[m].update(t for t in (subs or [target]) if t in mods and t != m)
+def reaches(a, b, seen):
+    for n in graph[a]:
+        if n == b or (n not in seen and not seen.add(n) and reaches(n, b, seen)):
+            return True
+    return False
+cycles = sorted(m for m in mods if m != "dispatcher" and reaches(m, m, set()) and m.count(".") >= 1
+                and not all(n == "dispatcher" for n in graph[m]))
+print("\n".join(cycles))
+'''
+    root = __import__("pathlib").Path(dispatcher.__file__).parent
+    found = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "", f"modules on an import cycle:\n{found.stdout}"
