@@ -17,7 +17,8 @@ from . import dtypes, kinds, plans, targets
 from .dispatch import Dispatcher, autotune_default, default_dispatcher
 from .errors import ConfigError, ProblemError
 from .plugins import get_manager
-from .problem import check_arrays, operand_list, prepare_grouped, prepare_grouped_mm
+from .problem import (ArraySpec, check_arrays, grouped_layout, grouped_operands, operand_list, stacked_layout,
+                      stacked_operands)
 from .records import resolve_launch_options
 
 __all__ = ["Dispatcher", "gemm", "grouped_gemm", "grouped_mm", "matmul", "plan", "run"]
@@ -285,16 +286,21 @@ def grouped_gemm(list_a, list_b, *, out_dtype=None, alpha=1.0, target="auto", co
     list_a, list_b = operand_list(list_a, "list_a"), operand_list(list_b, "list_b")
     check_arrays([*((f"a[{g}]", x) for g, x in enumerate(list_a)),
                   *((f"b[{g}]", x) for g, x in enumerate(list_b))])
-    resolve_launch_options(_variant(dispatcher, variant, "grouped"), options)
+    record = _variant(dispatcher, variant, "grouped")
+    if options is not None:
+        resolve_launch_options(record, options)
     target = _resolve_target(target, *list_a, *list_b)
     session = targets.get(target).session(*list_a, *list_b)
     arrays = session.arrays
-    problem, operands, results = prepare_grouped(
-        arrays[:len(list_a)], arrays[len(list_a):], out_dtype=out_dtype, alpha=alpha,
-        variant=variant, target=target, memory=session.memory, allocate=session.empty)
-    if any(m * n for m, n, _ in problem.groups):  # else every result is empty
-        options = {"stream": session.stream, **(options or {})}
-        (dispatcher or default_dispatcher()).run(problem, operands, config, options)
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token
+    layout = grouped_layout(tuple(map(ArraySpec.of, arrays[:len(list_a)])),
+                            tuple(map(ArraySpec.of, arrays[len(list_a):])), out_dtype, variant, target)
+    operands, results = grouped_operands(layout, arrays[:len(list_a)], arrays[len(list_a):], alpha,
+                                         session.memory, session.empty)
+    if any(m * n for m, n, _ in layout.problem.groups):  # else every result is empty
+        d = dispatcher or default_dispatcher()
+        plans.planned_grouped(d, layout, config, _launch_options(record, options, session.stream)).launch(operands)
     return [session.finish(r) for r in results]
 
 
@@ -315,20 +321,23 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", confi
     does `autotune` (as for `gemm`).
     """
     check_arrays([("a", a), ("b", b), ("offsets", offsets)])
-    resolve_launch_options(_variant(dispatcher, variant, "grouped"), options)
+    record = _variant(dispatcher, variant, "grouped")
+    if options is not None:
+        resolve_launch_options(record, options)
     target = _resolve_target(target, a, b, offsets)
     session = targets.get(target).session(a, b, offsets)
     a_, b_, offsets_ = session.arrays
-    problem, operands, result = prepare_grouped_mm(
-        a_, b_, offsets_, out_dtype=out_dtype, alpha=alpha, variant=variant, target=target,
-        memory=session.memory, allocate=session.empty)
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token
+    layout = stacked_layout(ArraySpec.of(a_), ArraySpec.of(b_), ArraySpec.of(offsets_), out_dtype, variant,
+                            target)
+    operands, result = stacked_operands(layout, a_, b_, offsets_, alpha, session.empty)
     if result.size:
-        if problem.k == 0 or problem.group_count == 0:  # an empty product, or no group owns a row
+        if layout.problem.k == 0 or layout.problem.group_count == 0:  # an empty product, or no group owns a row
             session.memory.zero(result, result.size * result.itemsize, session.stream)
         else:
             d = dispatcher or default_dispatcher()
-            options = {"stream": session.stream, **(options or {})}
-            if config is None and _autotuning(autotune):
-                d.autotune_if_new(problem, operands, options)
-            d.run(problem, operands, config, options)
+            plan = plans.planned_grouped(d, layout, config, _launch_options(record, options, session.stream),
+                                         _autotuning(autotune) if config is None else False)
+            plan.launch(operands)
     return session.finish(result)

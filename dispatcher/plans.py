@@ -64,23 +64,73 @@ def _hashable(config):
     return config
 
 
-class Plan:
+class _Launches:
+    """The launch side every plan shares: its first launch autotunes (if
+    asked and the problem is new), runs the selected or given kernel,
+    falling back down the ranking on status -2, and binds the kernel and
+    the `dispatcher_launch` implementation that ran; later launches call
+    that implementation directly."""
+
+    def __init__(self, dispatcher, problem, config, options, strict, autotune):
+        self.dispatcher, self.problem = dispatcher, problem
+        self.config, self.options, self.strict, self.autotune = config, options or {}, strict, autotune
+        self.generation = dispatcher.manager.generation
+        self.chosen = None  # (config, library, bound launch) once the first launch has run
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.problem}, kernel={self.chosen[0].name if self.chosen else None})"
+
+    def launch(self, block):
+        if self.chosen is None or self.generation != self.dispatcher.manager.generation:
+            self._choose(block)
+            return
+        config, library, launch = self.chosen
+        if launch is None or launch(library=library, problem=self.problem, operands=block,
+                                    options=self.options) is None:
+            self.dispatcher.launch(library, self.problem, block, self.options, resolved=True)
+
+    def _choose(self, block):
+        d = self.dispatcher
+        if self.config is None and self.autotune:
+            d.autotune_if_new(self.problem, block, self.options)
+        self.problem, config = d.run_or_fall_back(self.problem, block, self.config, self.options,
+                                                  self.strict, resolved=True)
+        self.generation = d.manager.generation
+        self.chosen = (config, d.library(config), d.bound_launch(self.problem.variant))
+
+
+class GroupedPlan(_Launches):
+    """A grouped call (`grouped_gemm`'s list form or `grouped_mm`'s
+    stacked form) with its groups' shapes, strides and dtypes fixed: its
+    layout (`problem.grouped_layout` / `stacked_layout`) and kernel."""
+
+    def __init__(self, dispatcher, layout, config, options, strict=False, autotune=False):
+        super().__init__(dispatcher, layout.problem, config, options, strict, autotune)
+        self.layout = layout
+
+
+def planned_grouped(dispatcher, layout, config=None, options=None, autotune=False) -> GroupedPlan:
+    """The plan of a grouped call of `layout` (itself memoized by the
+    groups' specs), memoized in `dispatcher.plans`."""
+    signature = ("grouped", layout, _hashable(config), tuple(sorted((options or {}).items())), autotune)
+    dispatcher._check_generation()
+    found = dispatcher.plans.get(signature)
+    if found is None:
+        found = dispatcher.plans[signature] = GroupedPlan(dispatcher, layout, config, options, False, autotune)
+    return found
+
+
+class Plan(_Launches):
     """A declared kind's call with its shapes, strides, dtypes, memory,
     options and kernel fixed (module docstring)."""
 
     def __init__(self, dispatcher, record, layout: kinds.Layout, target: str, specs: tuple,
                  config=None, options=None, strict=False, autotune=False):
-        self.dispatcher, self.record, self.layout = dispatcher, record, layout
+        super().__init__(dispatcher, layout.problem, config, options, strict, autotune)
+        self.record, self.layout = record, layout
         self.target, self.specs = targets.get(target), specs
-        self.problem = layout.problem
-        self.config, self.options, self.strict, self.autotune = config, options or {}, strict, autotune
         self.names = kinds.role_names(record)
-        self.generation = dispatcher.manager.generation
-        self.chosen = None   # (config, library, bound launch) once the first launch has run
         self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
-
-    def __repr__(self):
-        return f"Plan({self.problem}, kernel={self.chosen[0].name if self.chosen else None})"
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for."""
@@ -138,38 +188,22 @@ class Plan:
             staging = _Staging(self.options.get("stream", 0), allocate)
             block, write_back = self.target.aligned(self.layout.problem, blocks[0], staging)
             blocks = [block]
-        if self.chosen is None or self.generation != self.dispatcher.manager.generation:
-            self._choose(blocks[0])
-            blocks = blocks[1:]
         for block in blocks:
-            self._run(block)
+            self.launch(block)
         if write_back is not None:
             write_back()
 
     def _choose(self, block):
-        """The first launch: autotune if asked and new, then run the
-        selected (or given) kernel, falling back down the ranking on status
-        -2, and bind the kernel and the launch implementation that ran."""
-        d, problem = self.dispatcher, self.layout.problem
-        if self.config is None and self.autotune:
-            d.autotune_if_new(problem, block, self.options)
-        self.problem, config = d.run_or_fall_back(problem, block, self.config, self.options, self.strict,
-                                                  resolved=True)
-        library = d.library(config)
-        launch = d.bound_launch(self.problem.variant)
-        self.generation = d.manager.generation
-        self.chosen = (config, library, launch)
+        """The first launch (see `_Launches`), then, for a standard GEMM
+        launch of one block on a target that stages nothing, the kernel's
+        entry point and the argument block to copy for each call."""
+        super()._choose(block)
+        config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
         if direct is not None and not self.target.pads and not self.layout.outer_dims:
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
             self._direct = (direct(library), template, library)
-
-    def _run(self, block):
-        config, library, launch = self.chosen
-        if launch is None or launch(library=library, problem=self.problem, operands=block,
-                                    options=self.options) is None:
-            self.dispatcher.launch(library, self.problem, block, self.options, resolved=True)
 
     def _empty_product(self, result, beta: float, params: tuple, memory, allocate):
         """K = 0: C = beta * C, with nothing added. On the host in float64

@@ -277,11 +277,6 @@ def _check_memory(memory, *named):
             raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
 
 
-def _input_dtype(a, b, memory=HOST) -> dtypes.DType:
-    _check_memory(memory, ("a", a), ("b", b))
-    return _same_input_dtype(a.dtype, b.dtype)
-
-
 def _same_input_dtype(dtype_a, dtype_b, name_a: str = "a", name_b: str = "b") -> dtypes.DType:
     da, db = dtypes.get(dtype_a), dtypes.get(dtype_b)
     if da != db:
@@ -319,17 +314,27 @@ class ArraySpec(tuple):
     T = property(lambda self: ArraySpec(self[0][::-1], self[1][::-1], self[2]))
 
 
-def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
-                    memory=HOST, allocate=None):
-    """(problem, operands, results) for C_g = alpha * A_g @ B_g, g = 0..G-1."""
-    list_a, list_b = list(list_a), list(list_b)
-    alpha = _scalar("alpha", alpha)
-    if len(list_a) != len(list_b):
-        raise ProblemError(f"{len(list_a)} A matrices but {len(list_b)} B matrices")
+@attrs.frozen
+class GroupedLayout:
+    """What the groups' shapes, strides and dtypes decide: the problem,
+    each group's leading dimensions, the output dtype."""
+
+    problem: GroupedGemmProblem
+    lda: tuple
+    ldb: tuple
+    ldc: tuple
+    dst: np.dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def grouped_layout(specs_a: tuple, specs_b: tuple, out_dtype, variant: str, target: str) -> GroupedLayout:
+    """Every check of a grouped call's groups (ArraySpecs), once per kind of call."""
+    if len(specs_a) != len(specs_b):
+        raise ProblemError(f"{len(specs_a)} A matrices but {len(specs_b)} B matrices")
     src = None
     shapes, layouts_a, layouts_b = [], [], []
-    for g, (a, b) in enumerate(zip(list_a, list_b)):
-        d = _input_dtype(a, b, memory)
+    for g, (a, b) in enumerate(zip(specs_a, specs_b)):
+        d = _same_input_dtype(a.dtype, b.dtype)
         if src is not None and d != src:
             raise DtypeError(f"group {g} is {d.token} but group 0 is {src.token}; groups share one dtype")
         src = d
@@ -341,20 +346,37 @@ def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="group
     if src is None:
         src = _input_for_output(out_dtype)
     dst = dtypes.output_for(src.token, out_dtype)
-    _integer_output_scalars(dst.numpy, alpha=alpha)
     for g, (_, _, k) in enumerate(shapes):
         _check_exact_accumulation(src, k, f"group {g}: K")
     la = _common_layout(layouts_a, "A")
     lb = _common_layout(layouts_b, "B")
-    allocate = allocate or memory.empty
-    results = [allocate((m, n), dst.numpy) for m, n, _ in shapes]
-    operands = GroupedOperands(
-        list_a, list_b, results,
-        np.array([l[la] for l in layouts_a], np.int64),
-        np.array([l[lb] for l in layouts_b], np.int64),
-        np.array([max(n, 1) for _, n, _ in shapes], np.int64), alpha, 0.0)
     problem = GroupedGemmProblem(tuple(shapes), src.token, dst.token, la + lb + "r", variant, target)
-    return problem, operands, results
+    return GroupedLayout(problem, tuple(l[la] for l in layouts_a), tuple(l[lb] for l in layouts_b),
+                         tuple(max(n, 1) for _, n, _ in shapes), dst.numpy)
+
+
+def grouped_operands(layout: GroupedLayout, list_a, list_b, alpha: float, memory, allocate) -> tuple:
+    """(operands, results) of one grouped call on arrays its layout fits."""
+    alpha = _scalar("alpha", alpha)
+    _integer_output_scalars(layout.dst, alpha=alpha)
+    results = [allocate((m, n), layout.dst) for m, n, _ in layout.problem.groups]
+    operands = GroupedOperands(list(list_a), list(list_b), results, np.array(layout.lda, np.int64),
+                               np.array(layout.ldb, np.int64), np.array(layout.ldc, np.int64), alpha, 0.0)
+    return operands, results
+
+
+def prepare_grouped(list_a, list_b, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
+                    memory=HOST, allocate=None):
+    """(problem, operands, results) for C_g = alpha * A_g @ B_g, g = 0..G-1."""
+    list_a, list_b = list(list_a), list(list_b)
+    for g, (a, b) in enumerate(zip(list_a, list_b)):
+        _check_memory(memory, (f"a[{g}]", a), (f"b[{g}]", b))
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token
+    layout = grouped_layout(tuple(map(ArraySpec.of, list_a)), tuple(map(ArraySpec.of, list_b)),
+                            out_dtype, variant, target)
+    operands, results = grouped_operands(layout, list_a, list_b, alpha, memory, allocate or memory.empty)
+    return layout.problem, operands, results
 
 
 def _input_for_output(out_dtype) -> dtypes.DType:
@@ -377,16 +399,22 @@ def _common_layout(per_group: list, what: str) -> str:
                       "groups share one layout")
 
 
-def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
-                       memory=HOST, allocate=None):
-    """(problem, operands, result) for the stacked form: rows
-    [offsets[g-1], offsets[g]) of `a` times b[g], into one (total_M, N) result.
+@attrs.frozen
+class StackedLayout:
+    """What a stacked call's shapes, strides and dtypes decide."""
 
-    Offsets in host memory are checked here (vectorized, no per-group
-    Python work); device offsets are checked by the kernels, which then
-    write nothing (docs/reference.md, "grouped_mm")."""
-    _check_memory(memory, ("a", a), ("b", b), ("offsets", offsets))
-    alpha = _scalar("alpha", alpha)
+    problem: StackedGroupedProblem
+    total_m: int
+    lda: int
+    ldb: int
+    stride_b: int
+    dst: np.dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def stacked_layout(a: ArraySpec, b: ArraySpec, offsets: ArraySpec, out_dtype, variant: str,
+                   target: str) -> StackedLayout:
+    """Every check of a `grouped_mm` call but the offsets' values, once per kind of call."""
     if a.ndim != 2:
         raise ProblemError(f"a must be 2-D (total_M, K), got shape {a.shape}")
     if b.ndim != 3:
@@ -404,9 +432,6 @@ def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="gro
     src = _same_input_dtype(a.dtype, b.dtype)
     _check_exact_accumulation(src, k)
     dst = dtypes.output_for(src.token, out_dtype)
-    _integer_output_scalars(dst.numpy, alpha=alpha)
-    if isinstance(offsets, np.ndarray):
-        _check_offsets(offsets, total_m)
     la, lda = possible_layouts(a, "a")[0]
     if not b.size:  # numpy may give an empty array any strides; nothing is read from it
         lb, ldb = "r", max(n, 1)
@@ -415,12 +440,36 @@ def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="gro
     if b.size and (b.strides[0] % b.itemsize or b.strides[0] < 0):
         raise LayoutError(f"b's groups must be apart by a non-negative whole number of elements, got "
                           f"stride {b.strides[0]} bytes; pass np.ascontiguousarray(b)")
-    result = (allocate or memory.empty)((total_m, n), dst.numpy)
-    operands = StackedOperands(a, b, offsets, result, lda, ldb, b.strides[0] // b.itemsize,
-                               max(n, 1), alpha)
     problem = StackedGroupedProblem(groups, n, k, token_bucket(total_m), src.token, dst.token,
                                     la + lb + "r", variant, target)
-    return problem, operands, result
+    return StackedLayout(problem, total_m, lda, ldb, b.strides[0] // b.itemsize if b.size else 0, dst.numpy)
+
+
+def stacked_operands(layout: StackedLayout, a, b, offsets, alpha: float, allocate) -> tuple:
+    """(operands, result) of one stacked call on arrays its layout fits;
+    host offsets are checked here (vectorized, no per-group Python work),
+    device offsets by the kernels, which then write nothing
+    (docs/reference.md, "grouped_mm")."""
+    alpha = _scalar("alpha", alpha)
+    _integer_output_scalars(layout.dst, alpha=alpha)
+    if isinstance(offsets, np.ndarray):
+        _check_offsets(offsets, layout.total_m)
+    n = layout.problem.n
+    result = allocate((layout.total_m, n), layout.dst)
+    return StackedOperands(a, b, offsets, result, layout.lda, layout.ldb, layout.stride_b, max(n, 1),
+                           alpha), result
+
+
+def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="grouped", target="cpu",
+                       memory=HOST, allocate=None):
+    """(problem, operands, result) for the stacked form: rows
+    [offsets[g-1], offsets[g]) of `a` times b[g], into one (total_M, N) result."""
+    _check_memory(memory, ("a", a), ("b", b), ("offsets", offsets))
+    if out_dtype is not None:
+        out_dtype = dtypes.get(out_dtype).token
+    layout = stacked_layout(ArraySpec.of(a), ArraySpec.of(b), ArraySpec.of(offsets), out_dtype, variant, target)
+    operands, result = stacked_operands(layout, a, b, offsets, alpha, allocate or memory.empty)
+    return layout.problem, operands, result
 
 
 def _check_offsets(offsets: np.ndarray, total_m: int):
