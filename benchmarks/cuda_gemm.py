@@ -47,13 +47,8 @@ from dispatcher.tuning import TuningDatabase  # noqa: E402
 from dispatcher.verify import max_rel  # noqa: E402
 
 
-def stream():
-    import cupy
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-
-
 def timed(fn, timing) -> float:
-    return median(measure_cuda(lambda i: fn(), timing, stream=stream()))
+    return median(measure_cuda(lambda i: fn(), timing, stream=torch.cuda.current_stream().cuda_stream))
 
 
 def operands(m, n, k, dtype=torch.bfloat16, seed=0):

@@ -13,7 +13,8 @@
 # $OUT/cache.tar.xz; unpack: it back from .carry/pack/cache.tar.xz on a fresh
 # machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
 # torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
-# to tune the MLP's six GEMMs in the warm-up). Everything it
+# to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
+# epilogue GPU tests; overhead: benchmarks/call_overhead.py's GPU part. Everything it
 # prints and writes lands under $OUT.
 set -u
 R=$PWD
@@ -35,6 +36,11 @@ for step in "$@"; do
     torchbuild) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set torch --jobs $(nproc) 2>&1 | tail -5 | tee $OUT/torch_build.log ;;
     torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
              | tee $OUT/torch_gpu_tests.log | tail -25 ;;
+    batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
+             | tee $OUT/batched_gpu_tests.log | tail -25 ;;
+    # per-call cost against torch (issue 22)
+    overhead) timeout 400 python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead 2>&1 \
+             | tee $OUT/call_overhead.log | tail -30 ;;
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac

@@ -159,6 +159,7 @@ class Dispatcher:
         return built
 
     def load(self, built, config: KernelConfig) -> Library:
+        targets.get(config.target).prepare_process()
         return Library(built.path, expected_name=config.name, config=config)
 
     def launch(self, library: Library, problem, operands, options=None, resolved: bool = False):

@@ -46,8 +46,11 @@ class HostMemory:
     def accepts(self, x) -> bool:
         return isinstance(x, np.ndarray)
 
-    def empty(self, shape, dtype):
+    def empty(self, shape, dtype, stream: int = 0):
         return np.empty(shape, dtype)
+
+    def device(self) -> int:
+        return 0
 
     def overlaps(self, x, y) -> bool:
         return np.shares_memory(x, y)

@@ -38,16 +38,31 @@ def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target:
     options: resolved launch options (hashable values)."""
     specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in kinds.operands_of(record))
     signature = (id(record), specs, choices, out_dtype, target, needs_c, _hashable(config),
-                 tuple(sorted((options or {}).items())), strict, autotune)
+                 tuple(sorted((options or {}).items())), strict, autotune, _alignment(target, arrays))
     dispatcher._check_generation()
     found = dispatcher.plans.get(signature)
     if found is None:
         layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c)
         found = Plan(dispatcher, record, layout, target, specs, config, options, strict, autotune)
+        found.alignment = signature[-1]
         if config is not None and layout.problem is not None:
             found.config = dispatcher.config_matching(layout.problem, config)  # a clear error before any build
         dispatcher.plans[signature] = found
     return found
+
+
+def _alignment(target: str, arrays: dict) -> tuple:
+    """The alignment class of a call on a target that stages misaligned
+    operands (cuda: TMA's 16 bytes): whether each array's address is
+    aligned. Part of a plan's signature, so a plan whose first call staged
+    nothing may skip the check on later calls."""
+    if not targets.get(target).pads:
+        return ()
+    return tuple(sorted((name, data_pointer(x) % ALIGNMENT == 0) for name, x in arrays.items() if x is not None))
+
+
+# The address alignment a plan's signature records on a target that pads.
+ALIGNMENT = 16
 
 
 def _hashable(config):
@@ -131,10 +146,14 @@ class Plan(_Launches):
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
         self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
+        self._staged = False  # the first call's operands were staged (the target's `aligned`)
+        self.alignment = ()   # the alignment class of its signature (`_alignment`)
 
     def matches(self, arrays: dict) -> bool:
-        """Whether `arrays` are what the plan was made for."""
-        return all(ArraySpec.of(arrays.get(name)) == spec for name, spec in self.specs)
+        """Whether `arrays` are what the plan was made for: their specs and
+        alignment class."""
+        return all(ArraySpec.of(arrays.get(name)) == spec for name, spec in self.specs) and \
+            _alignment(self.target.name, arrays) == self.alignment
 
     # ----------------------------------------------------------- per call
     def __call__(self, arrays: dict, core: tuple, params: tuple, memory, allocate, stream: int = 0):
@@ -145,6 +164,11 @@ class Plan(_Launches):
         out = arrays.get(names.get("out"))
         if out is not None:
             _check_out(memory, out, names, arrays)
+        if layout.c is not None:
+            c = arrays[layout.c]
+            for role in ("a", "b"):
+                if memory.overlaps(c, arrays[names[role]]):
+                    raise AliasingError(f"{layout.c} overlaps {names[role]}; pass a copy")
         result = out if out is not None and not layout.staged else \
             allocate(layout.result_shape, layout.result_dtype)
         if layout.problem is None:  # an empty output
@@ -187,6 +211,7 @@ class Plan(_Launches):
         if self.target.pads and len(blocks) == 1 and self.layout.problem.batch == 1 and not blocks[0].extra:
             staging = _Staging(self.options.get("stream", 0), allocate)
             block, write_back = self.target.aligned(self.layout.problem, blocks[0], staging)
+            self._staged = block is not blocks[0] or write_back is not None
             blocks = [block]
         for block in blocks:
             self.launch(block)
@@ -195,12 +220,13 @@ class Plan(_Launches):
 
     def _choose(self, block):
         """The first launch (see `_Launches`), then, for a standard GEMM
-        launch of one block on a target that stages nothing, the kernel's
+        launch of one block that needed no staging (the signature holds the
+        alignment class, so no later call of the plan does), the kernel's
         entry point and the argument block to copy for each call."""
         super()._choose(block)
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
-        if direct is not None and not self.target.pads and not self.layout.outer_dims:
+        if direct is not None and not self._staged and not self.layout.outer_dims:
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
             self._direct = (direct(library), template, library)

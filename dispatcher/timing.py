@@ -37,26 +37,25 @@ def median(times) -> float:
     return statistics.median(times)
 
 
-def measure_cuda(fn, options: TimingOptions = TimingOptions(), stream=None) -> list:
+def measure_cuda(fn, options: TimingOptions = TimingOptions(), stream: int = 0) -> list:
     """Seconds of each of `options.repeat` calls of fn(i) on the GPU, from CUDA
-    events recorded around each call on `stream` (CuPy's current stream by
-    default), after `options.warmup` calls. With `flush_l2`, a buffer larger
+    events recorded around each call on `stream` (the current stream when
+    0), after `options.warmup` calls. With `flush_l2`, a buffer larger
     than the L2 cache is overwritten before each timed call (outside the
     events), so every call starts with cold caches."""
-    import cupy
+    from .targets.cuda_runtime import runtime
 
-    stream = stream or cupy.cuda.get_current_stream()
-    flush = cupy.empty(256 << 20, cupy.uint8) if options.flush_l2 else None
+    rt = runtime()
+    record, elapsed = rt.event_timer(stream)
+    flush = rt.empty(256 << 20, stream) if options.flush_l2 else None
     for i in range(options.warmup):
         fn(i % options.rotating)
     times = []
     for i in range(options.repeat):
         if flush is not None:
-            flush.fill(i & 0xFF)
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
+            rt.memset(flush[0], i & 0xFF, 256 << 20, stream)
+        start = record()
         fn(i % options.rotating)
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+        stop = record()
+        times.append(elapsed(start, stop))
     return times

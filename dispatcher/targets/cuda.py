@@ -211,8 +211,7 @@ class CudaTarget:
         """GPU seconds of repeated calls of fn(i) from CUDA events on `stream`
         (`timing.measure_cuda`)."""
         from ..timing import measure_cuda
-        from .cuda_memory import _cupy
-        return measure_cuda(fn, options, _cupy().cuda.ExternalStream(stream) if stream else None)
+        return measure_cuda(fn, options, stream)
 
     @property
     def model_name(self) -> str:
@@ -233,6 +232,9 @@ class CudaTarget:
                 return None
             total += found
         return total
+
+    def prepare_process(self):
+        """Nothing: CUDA kernels need no process settings before loading."""
 
     def aligned(self, problem, operands, session):
         """(operands TMA can read, a function that writes the result back, or

@@ -1,10 +1,13 @@
-"""Device memory, streams and array interop of the cuda target, through CuPy.
+"""Device memory, streams and array interop of the cuda target.
 
 Accepted operands: torch CUDA tensors (read in place through `data_ptr()` and
 `stride()`, bf16 and fp8 included), any object with
 `__cuda_array_interface__` (CuPy arrays; read in place), and numpy arrays
 (copied to the device and back). Kernels run on the caller's current stream:
-torch's for torch tensors, CuPy's otherwise. CuPy is imported only here.
+torch's for torch tensors, CuPy's otherwise. Allocations, copies and sets go
+through `cuda_runtime.runtime()`: torch's caching allocator and streams once
+torch is in the process (capturable in a CUDA graph, no CuPy needed), else
+CuPy's.
 """
 
 from __future__ import annotations
@@ -18,31 +21,22 @@ import numpy as np
 from .. import dtypes
 from ..errors import DtypeError, ProblemError, ToolchainError
 from ..memory import View
-
-
-def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        raise ToolchainError("the cuda target needs CuPy for device memory and streams: "
-                             "pip install 'gemm-dispatcher[cuda]'") from None
-    return cupy
+from .cuda_runtime import runtime
 
 
 @functools.lru_cache(maxsize=None)
 def device_count() -> int:
     """GPUs visible to this process (asked once: CUDA fixes it at init)."""
-    return _cupy().cuda.runtime.getDeviceCount()
+    return runtime().device_count()
 
 
 def compute_capability() -> tuple:
-    cc = _cupy().cuda.Device().compute_capability
-    return int(cc[:-1]), int(cc[-1])
+    return runtime().capability()
 
 
 @functools.lru_cache(maxsize=None)
 def multiprocessors() -> int:
-    return _cupy().cuda.Device().attributes["MultiProcessorCount"]
+    return runtime().multiprocessors()
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,21 +104,9 @@ def _bind_thread(device: int):
     which needs a current context, and a thread that has made no runtime
     call has none: torch runs backward passes on its own device threads
     (cuTensorMapEncodeTiled failed there with error 201, invalid context)."""
-    runtime = _cupy().cuda.runtime
-    if _BOUND.device != device or runtime.getDevice() != device:
-        runtime.setDevice(device)
+    if _BOUND.device != device:
+        runtime().set_device(device)
         _BOUND.device = device
-
-
-def _torch_stream(x) -> int:
-    """The current stream of tensor x's device, as a raw handle. torch's
-    `_cuda_getCurrentRawStream` skips building a Stream object (Triton uses
-    it too); `torch.cuda.current_stream` is the public fallback."""
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(x.get_device())
-    return torch.cuda.current_stream(x.device).cuda_stream
 
 
 def view(x) -> DeviceArray:
@@ -138,20 +120,21 @@ def view(x) -> DeviceArray:
     return DeviceArray(shape, strides, dtype, iface["data"][0], x)
 
 
-def _raw(dtype) -> np.dtype:
-    return np.dtype(f"u{np.dtype(dtype).itemsize}")
-
-
 class DeviceMemory:
     name = "device"
 
     def accepts(self, x) -> bool:
         return isinstance(x, DeviceArray)
 
-    def empty(self, shape, dtype):
-        """Raw device bytes typed as `dtype` (CuPy lacks bf16 and fp8)."""
-        buf = _cupy().empty(shape, _raw(dtype))
-        return DeviceArray(shape, buf.strides, dtype, buf.data.ptr, buf)
+    def empty(self, shape, dtype, stream: int = 0):
+        """Device bytes typed as `dtype`, row-major, for use on `stream`."""
+        dtype = np.dtype(dtype)
+        ptr, owner = runtime().empty(math.prod(shape) * dtype.itemsize, stream)
+        return DeviceArray(shape, _row_major_strides(shape, dtype.itemsize), dtype, ptr, owner)
+
+    def device(self) -> int:
+        """The device this thread's launches run on."""
+        return runtime().current_device()
 
     def overlaps(self, x, y) -> bool:
         (a0, a1), (b0, b1) = x.extent(), y.extent()
@@ -159,12 +142,7 @@ class DeviceMemory:
 
     def copy(self, dst, src, stream: int = 0):
         """dst[...] = src on `stream` (the default stream when 0)."""
-        cp = _cupy()
-        memptr = lambda v: cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(v.ptr, v.extent()[1] - v.ptr, v.owner), 0)
-        d = cp.ndarray(dst.shape, _raw(dst.dtype), memptr(dst), strides=dst.strides)
-        s = cp.ndarray(src.shape, _raw(src.dtype), memptr(src), strides=src.strides)
-        with cp.cuda.ExternalStream(stream):
-            d[...] = s
+        runtime().copy(dst, src, stream)
 
     def writable(self, x) -> bool:
         return True
@@ -172,22 +150,17 @@ class DeviceMemory:
     def poison(self, x, stream: int = 0):
         """All bits set: NaN for floats, -1 for integers."""
         start, end = x.extent()
-        _cupy().cuda.runtime.memsetAsync(start, 0xFF, end - start, stream)
+        runtime().memset(start, 0xFF, end - start, stream)
 
     def zero(self, x, nbytes: int, stream: int = 0):
-        _cupy().cuda.runtime.memsetAsync(x.ptr, 0, nbytes, stream)
+        runtime().memset(x.ptr, 0, nbytes, stream)
 
-    def to_host(self, x: DeviceArray, host: np.ndarray):
-        cp = _cupy()
-        mem = cp.cuda.UnownedMemory(x.ptr, x.extent()[1] - x.ptr, x.owner)
-        arr = cp.ndarray(x.shape, _raw(x.dtype), cp.cuda.MemoryPointer(mem, 0), strides=x.strides)
-        host.view(_raw(host.dtype))[...] = cp.asnumpy(arr)
+    def to_host(self, x: DeviceArray, host: np.ndarray, stream: int = 0):
+        runtime().to_host(x, host, stream)
 
-    def from_host(self, x: np.ndarray) -> DeviceArray:
-        order = "F" if (x.flags.f_contiguous and not x.flags.c_contiguous) else "C"
-        host = np.asarray(x, order=order)
-        buf = _cupy().asarray(host.view(_raw(host.dtype)), order=order)
-        return DeviceArray(host.shape, buf.strides, host.dtype, buf.data.ptr, buf)
+    def from_host(self, x: np.ndarray, stream: int = 0) -> DeviceArray:
+        ptr, strides, owner = runtime().from_host(x, stream)
+        return DeviceArray(x.shape, strides, x.dtype, ptr, owner)
 
 
 DEVICE = DeviceMemory()
@@ -261,7 +234,7 @@ class DeviceSession:
     memory = DEVICE
 
     def __init__(self, *arrays):
-        self.host_inputs = False
+        self.host_inputs = self.device_arrays = False
         self.torch_like = None
         for x in arrays:
             if x is None:
@@ -270,44 +243,45 @@ class DeviceSession:
                 self.torch_like = x
             elif isinstance(x, np.ndarray):
                 self.host_inputs = True
-            elif not hasattr(x, "__cuda_array_interface__"):
+            elif hasattr(x, "__cuda_array_interface__"):
+                self.device_arrays = True
+            else:
                 raise ProblemError(f"the cuda target takes torch CUDA tensors, CUDA arrays or numpy "
                                    f"arrays, got {type(x).__name__}")
-        if self.torch_like is not None:
-            _bind_thread(self.torch_like.get_device())
-            self.stream = _torch_stream(self.torch_like)
-        else:
-            _bind_thread(_cupy().cuda.runtime.getDevice())
-            self.stream = _cupy().cuda.get_current_stream().ptr
+        # the caller's library says which current stream the call runs on
+        mine = runtime("torch" if self.torch_like is not None else "cupy" if self.device_arrays else None)
+        device = self.torch_like.get_device() if self.torch_like is not None else mine.current_device()
+        _bind_thread(device)
+        self.stream = mine.current_stream(device)
         self.arrays = tuple([self.to_device(x) for x in arrays])
 
     def to_device(self, x):
         if x is None:
             return None
         if isinstance(x, np.ndarray):
-            return DEVICE.from_host(x)
+            return DEVICE.from_host(x, self.stream)
         return view(x)
 
     def empty(self, shape, dtype):
-        """An output of the kind the caller passed (torch tensor if any input was)."""
+        """An output of the kind the caller passed: a torch tensor if any
+        input was one, a CuPy array for CUDA arrays, else device memory."""
+        dtype = np.dtype(dtype)
         if self.torch_like is not None:  # new_empty: same device, no device parsing
-            dtype = np.dtype(dtype)
             t = self.torch_like.new_empty(shape, dtype=torch_types()[1][dtype])
             return DeviceArray(shape, _row_major_strides(shape, dtype.itemsize), dtype, t.data_ptr(), t)
-        return DEVICE.empty(shape, dtype)
+        if self.device_arrays:
+            import cupy
+            buf = cupy.empty(shape, np.dtype(f"u{dtype.itemsize}"))
+            return DeviceArray(shape, buf.strides, dtype, buf.data.ptr, buf)
+        return DEVICE.empty(shape, dtype, self.stream)
 
     def finish(self, result: DeviceArray, host_out=None):
         """The user-facing result: `host_out` filled (numpy callers) or the device array."""
-        if host_out is not None:
-            _cupy().cuda.ExternalStream(self.stream).synchronize()
-            DEVICE.to_host(result, host_out)
-            return host_out
-        if self.host_inputs:
-            host = np.empty(result.shape, result.dtype)
-            _cupy().cuda.ExternalStream(self.stream).synchronize()
-            DEVICE.to_host(result, host)
+        if host_out is not None or self.host_inputs:
+            host = host_out if host_out is not None else np.empty(result.shape, result.dtype)
+            DEVICE.to_host(result, host, self.stream)
             return host
         owner = result.owner
-        if _is_torch(owner) or result.dtype.kind in "fiu":
-            return owner if _is_torch(owner) else owner.view(result.dtype)
-        return owner
+        if _is_torch(owner) or result.dtype.kind not in "fiu":
+            return owner
+        return owner.view(result.dtype)

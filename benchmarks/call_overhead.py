@@ -1,0 +1,229 @@
+"""What a user's call costs, end to end, against the baseline library's call.
+
+Every figure is a median over `--repeat` rounds; each round times a loop of
+`--calls` back-to-back calls, then one synchronize (GPU), divided by the
+call count: the host work per call where the kernel is small, the kernel
+where it is not. Baselines are measured in the same run.
+
+Parts (`--only`):
+  cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
+               dispatcher.matmul, a held dispatcher.plan
+  cpu_coexist  fp32 1024^3 and 2048^3: numpy and dispatcher.gemm each alone
+               (its own process) and alternating call by call in one process,
+               as user code mixes them; ratio alternating / alone per library
+  gpu_call     (a CUDA GPU and torch): bf16 256^3 torch.matmul against
+               dispatcher.gemm, a held plan and dispatcher.torch.gemm;
+               dispatcher.torch.Linear against nn.Linear, forward and
+               forward+backward; batched dispatcher.matmul against torch.bmm;
+               GEMM + bias + GELU (fused) against torch.addmm + gelu; an
+               unaligned GEMM against torch.matmul
+
+    python benchmarks/call_overhead.py --only cpu_call,cpu_coexist
+    python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, environment  # noqa: E402
+
+import dispatcher  # noqa: E402
+
+
+def per_call(fn, calls: int, repeat: int, sync=lambda: None) -> float:
+    """Median over `repeat` rounds of (a loop of `calls` calls, then sync) / calls, in us."""
+    fn()
+    sync()
+    rounds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return float(np.median(rounds))
+
+
+def cpu_call(args) -> dict:
+    rng = np.random.default_rng(0)
+    a, b = rng.random((16, 16), np.float32), rng.random((16, 16), np.float32)
+    held = dispatcher.plan("regular", a=a, b=b)
+    fns = {"numpy": lambda: a @ b, "dispatcher.gemm": lambda: dispatcher.gemm(a, b),
+           "dispatcher.matmul": lambda: dispatcher.matmul(a, b), "held plan": lambda: held(a, b)}
+    us = {name: per_call(fn, args.calls, args.repeat) for name, fn in fns.items()}
+    print("cpu 16^3 fp32, us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
+    return {"shape": [16, 16, 16], "us_per_call": us,
+            "ratio_to_numpy": {k: v / us["numpy"] for k, v in us.items()}}
+
+
+def _one_library(which: str, n: int, calls: int, repeat: int) -> float:
+    """Seconds per call of `which` ('numpy', 'dispatcher' or 'both', alternating) in this process."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
+    fns = {"numpy": lambda: a @ b, "dispatcher": lambda: dispatcher.gemm(a, b)}
+    for fn in fns.values():
+        fn()
+    if which != "both":
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fns[which]()
+            times.append((time.perf_counter() - start) / calls)
+        return {which: float(np.median(times))}
+    times = {k: [] for k in fns}
+    for _ in range(repeat * calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def cpu_coexist(args) -> dict:
+    rows = []
+    for n in (1024, 2048):
+        calls = 5 if n == 1024 else 2
+        found = {}
+        for which in ("numpy", "dispatcher", "both"):  # each in a process of its own
+            code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                    f"import call_overhead as c; print(json.dumps(c._one_library({which!r}, {n}, {calls}, "
+                    f"{args.repeat})))")
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+            if done.returncode:
+                raise SystemExit(done.stderr)
+            found[which] = json.loads(done.stdout.strip().splitlines()[-1])
+        flops = 2.0 * n ** 3
+        row = {"n": n,
+               "alone_gflops": {k: flops / found[k][k] / 1e9 for k in ("numpy", "dispatcher")},
+               "alternating_gflops": {k: flops / v / 1e9 for k, v in found["both"].items()}}
+        row["alternating_over_alone"] = {k: row["alternating_gflops"][k] / row["alone_gflops"][k]
+                                         for k in ("numpy", "dispatcher")}
+        row["dispatcher_over_numpy_alone"] = row["alone_gflops"]["dispatcher"] / row["alone_gflops"]["numpy"]
+        print(f"cpu fp32 {n}^3: alone numpy {row['alone_gflops']['numpy']:.0f} / dispatcher "
+              f"{row['alone_gflops']['dispatcher']:.0f} GFLOP/s; alternating keeps "
+              f"{row['alternating_over_alone']['numpy']:.2f} / {row['alternating_over_alone']['dispatcher']:.2f}")
+        rows.append(row)
+    return {"rows": rows, "environment_threads": {k: os.environ.get(k) for k in
+                                                  ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}}
+
+
+def gpu_call(args) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import dispatcher.torch as dt
+
+    dev = torch.device("cuda")
+    sync = torch.cuda.synchronize
+    out = {}
+
+    def compare(name, ours: dict, theirs, calls=args.calls):
+        base = per_call(theirs, calls, args.repeat, sync)
+        row = {"baseline_us": base}
+        for label, fn in ours.items():
+            row[label + "_us"] = per_call(fn, calls, args.repeat, sync)
+            row[label + "_ratio"] = row[label + "_us"] / base
+        out[name] = row
+        print(f"{name}: baseline {base:.1f} us; " +
+              ", ".join(f"{k} {row[k + '_us']:.1f} us ({row[k + '_ratio']:.2f}x)" for k in ours))
+
+    a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    held = dispatcher.plan("regular", a=a, b=b)
+    compare("gemm 256^3 bf16", {"dispatcher.gemm": lambda: dispatcher.gemm(a, b), "held plan": lambda: held(a, b),
+                                 "dispatcher.torch.gemm": lambda: dt.gemm(a, b)}, lambda: torch.matmul(a, b))
+    x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    ref = torch.nn.Linear(256, 256, device=dev, dtype=torch.bfloat16)
+    ours = dt.Linear.from_linear(ref)
+    compare("Linear forward 256", {"dispatcher.torch.Linear": lambda: ours(x)}, lambda: ref(x))
+    xg = x.clone().requires_grad_(True)
+    compare("Linear forward+backward 256", {"dispatcher.torch.Linear": lambda: ours(xg).sum().backward()},
+            lambda: ref(xg).sum().backward(), calls=max(args.calls // 4, 10))
+    for bsz, m, n, k in ((48, 384, 640, 128), (16, 1024, 1024, 512), (4, 2048, 3072, 1024)):
+        p = torch.randn(bsz, m, k, device=dev, dtype=torch.bfloat16)
+        q = torch.randn(bsz, k, n, device=dev, dtype=torch.bfloat16)
+        compare(f"batched {bsz}x{m}x{n}x{k}", {"dispatcher.matmul": lambda: dispatcher.matmul(p, q)},
+                lambda: torch.bmm(p, q), calls=max(args.calls // 4, 10))
+    for m, n, k in ((256, 256, 256), (1024, 1024, 1024), (4096, 4096, 4096)):
+        p = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        q = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        compare(f"bias+gelu {m}x{n}x{k}",
+                {"fused dispatcher.matmul": lambda: dispatcher.matmul(p, q, bias=bias, activation="gelu")},
+                lambda: F.gelu(torch.addmm(bias, p, q)), calls=max(args.calls // 4, 10))
+    m, n, k = 511, 2049, 3071
+    p = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+    compare("unaligned 511x2049x3071", {"dispatcher.gemm": lambda: dispatcher.gemm(p, q)},
+            lambda: torch.matmul(p, q), calls=max(args.calls // 4, 10))
+    out["torch"] = torch.__version__
+    out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+PARTS = {"cpu_call": cpu_call, "cpu_coexist": cpu_coexist, "gpu_call": gpu_call}
+
+
+def plot(results: dict, path: Path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    bars = []
+    if "cpu_call" in results:
+        bars += [(f"cpu 16^3 {k}", v) for k, v in results["cpu_call"]["ratio_to_numpy"].items() if k != "numpy"]
+    for row in results.get("cpu_coexist", {}).get("rows", []):
+        bars += [(f"cpu {row['n']}^3 {k} alternating/alone", v) for k, v in row["alternating_over_alone"].items()]
+    for name, row in results.get("gpu_call", {}).items():
+        if isinstance(row, dict):
+            bars += [(f"{name} {k[:-6]}", v) for k, v in row.items() if k.endswith("_ratio")]
+    if not bars:
+        return
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(bars) + 1))
+    ax.barh([b[0] for b in bars], [b[1] for b in bars])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("time per call / baseline's (cpu_coexist: speed alternating / alone)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="cpu_call,cpu_coexist", help="parts: " + ",".join(PARTS))
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default=str(RESULTS / "call_overhead"))
+    args = parser.parse_args()
+    unknown = set(args.only.split(",")) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; parts: {', '.join(PARTS)}")
+    results = {"environment": environment()}
+    with open("/proc/loadavg") as f:
+        results["environment"]["loadavg_before"] = f.read().split()[:3]
+    for part in args.only.split(","):
+        results[part] = PARTS[part](args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
+    print("wrote", out.with_suffix(".json"))
+
+
+if __name__ == "__main__":
+    main()
