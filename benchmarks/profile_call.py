@@ -1,5 +1,6 @@
-"""cProfile of 2000 `dispatcher.gemm` calls on 256^3 bf16 CUDA tensors: where
-the per-call time of the Python API goes (see the overhead part of cuda_gemm.py)."""
+"""cProfile of the per-call path on 256^3 bf16 CUDA tensors: `dispatcher.gemm`,
+a held `dispatcher.plan` and `dispatcher.torch.gemm`, 2000 calls each after
+a warm-up (see call_overhead.py for the timings themselves)."""
 
 import cProfile
 import pstats
@@ -7,12 +8,17 @@ import pstats
 import torch
 
 import dispatcher
+import dispatcher.torch as dt
 
 a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-dispatcher.gemm(a, b, target="cuda")  # build, load and select outside the profile
-torch.cuda.synchronize()
-profile = cProfile.Profile()
-profile.runcall(lambda: [dispatcher.gemm(a, b, target="cuda") for _ in range(2000)])
-pstats.Stats(profile).sort_stats("tottime").print_stats(22)
-pstats.Stats(profile).sort_stats("cumtime").print_stats(30)
+held = dispatcher.plan("regular", a=a, b=b)
+for name, fn in (("dispatcher.gemm", lambda: dispatcher.gemm(a, b)), ("held plan", lambda: held(a, b)),
+                 ("dispatcher.torch.gemm", lambda: dt.gemm(a, b))):
+    fn()  # build, load and select outside the profile
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.runcall(lambda: [fn() for _ in range(2000)])
+    torch.cuda.synchronize()
+    print(f"==== {name}")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(14)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes, kinds, plans, targets
+from . import dispatch, dtypes, kinds, plans, plugins, targets
 from .dispatch import Dispatcher, autotune_default, default_dispatcher
 from .errors import ConfigError, ProblemError
 from .plugins import get_manager
@@ -103,6 +103,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
     target, session, imported = _session(record, arrays, target)
+    out_name = kinds.role_names(record).get("out")
+    plans.check_writable(session.memory, imported.get(out_name), out_name)
     resolved = _launch_options(record, options, session.stream)
     core, values = kinds.scalars(record, params)
     if out_dtype is not None:
@@ -113,7 +115,14 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
-    return session.finish(result, host_out)
+    return session.finish(result, host_out), plan
+
+
+# The plans of plain `gemm(a, b)` calls on numpy arrays (the default
+# dispatcher, no c, out, beta, out_dtype, config or options), by variant and
+# the operands' shapes, strides and dtypes: the commonest call finds its plan
+# without the general lookup (benchmarks/call_overhead.py, cpu_call).
+_PLAIN_HOST: dict = {}
 
 
 def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, config=None, options=None,
@@ -170,6 +179,8 @@ class HeldPlan:
         given.update(zip(self.names, operands))
         session = self.target.session(*(given.get(n) for n in self.names))
         imported = {n: x for n, x in zip(self.names, session.arrays) if x is not None}
+        out_name = self.plan.names.get("out")
+        plans.check_writable(session.memory, imported.get(out_name), out_name)
         core, values = kinds.scalars(self.record, {**self.params, **params})
         plan = self.plan
         if not plan.matches(imported) or (core[1] != 0) != self.beta_given \
@@ -207,6 +218,16 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
     `$DISPATCHER_AUTOTUNE`.
     """
+    plain = (type(a) is np.ndarray and type(b) is np.ndarray and c is None and out is None and beta == 0
+             and out_dtype is None and config is None and options is None and dispatcher is None
+             and (target == "auto" or target == "cpu") and (type(alpha) is float or type(alpha) is int))
+    if plain:
+        found = _PLAIN_HOST.get((variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict,
+                                 autotune))
+        if found is not None and found.dispatcher is dispatch._DEFAULT \
+                and found.generation == found.dispatcher.manager.generation \
+                and found.dispatcher.manager is plugins._MANAGER:
+            return found.run_plain(a, b, float(alpha))
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -214,8 +235,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["c"]] = c
     if out is not None:
         arrays[roles["out"]] = out
-    return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
-                 config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+    result, made = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype,
+                         target=target, config=config, options=options, strict=strict, autotune=autotune,
+                         dispatcher=dispatcher)
+    if plain and made.problem is not None and made.layout.names[:2] == (roles["a"], roles["b"]):
+        _PLAIN_HOST[variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict, autotune] = made
+    return result
 
 
 def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,
@@ -237,7 +262,7 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
                           "call dispatcher.grouped_gemm or dispatcher.grouped_mm")
     operands, params, choices = kinds.split_call(record, arguments)
     return _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
-                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)[0]
 
 
 def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,

@@ -30,7 +30,7 @@ import attrs
 import numpy as np
 
 from . import dtypes
-from .errors import DtypeError, ProblemError
+from .errors import DtypeError, LayoutError, ProblemError
 from .library import data_pointer
 from .memory import HOST, View
 from .problem import ArraySpec, GemmOperands, _check_exact_accumulation, _same_input_dtype, _scalar, possible_layouts
@@ -206,9 +206,12 @@ class _Tensor:
 
 def _element_strides(x, what: str) -> tuple:
     size = x.dtype.itemsize
-    if any(s < 0 or s % size for s in x.strides):
-        raise ProblemError(f"{what} has strides {tuple(x.strides)} that are negative or not whole "
-                           "elements; pass a copy (np.ascontiguousarray)")
+    if any(s < 0 for s in x.strides):
+        raise LayoutError(f"{what} has negative strides {tuple(x.strides)}; pass a copy "
+                          "(np.ascontiguousarray) instead of a reversed view")
+    if any(s % size for s in x.strides):
+        raise LayoutError(f"{what} has strides {tuple(x.strides)} that are not whole elements; pass a "
+                          "copy (np.ascontiguousarray)")
     return tuple(s // size for s in x.strides)
 
 

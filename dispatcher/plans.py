@@ -149,6 +149,26 @@ class Plan(_Launches):
         self._staged = False  # the first call's operands were staged (the target's `aligned`)
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
 
+    def run_plain(self, a, b, alpha: float):
+        """A plain `gemm(a, b, alpha=alpha)` on numpy arrays with the plan's
+        specs, into a new result (`api.gemm`'s memo of such calls): the
+        kernel's entry point once bound, with nothing else to check."""
+        layout = self.layout
+        if layout.integer_output:
+            _integer_output_scalars(layout.result_dtype, alpha=alpha, beta=0.0)
+        result = np.empty(layout.result_shape, layout.result_dtype)
+        direct = self._direct
+        if direct is None:
+            self._launch({self.names["a"]: a, self.names["b"]: b}, result, (alpha, 0.0, 1.0, 1.0), (), np.empty)
+            return result
+        entry, template, library = direct
+        args = GemmArgs.from_buffer_copy(template)
+        args.a, args.b, args.c, args.alpha = data_pointer(a), data_pointer(b), data_pointer(result), alpha
+        status = entry(args)
+        if status:
+            library.check(status)
+        return result
+
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and
         alignment class."""
@@ -286,11 +306,15 @@ def _same_elements(x, y) -> bool:
     return x is y or (ArraySpec.of(x) == ArraySpec.of(y) and data_pointer(x) == data_pointer(y))
 
 
+def check_writable(memory, out, name: str):
+    """An output the caller passed must be writable (checked before the
+    plan: a read-only broadcast view fails here, not on its strides)."""
+    if out is not None and not memory.writable(out):
+        raise ProblemError(f"{name} is read-only")
+
+
 def _check_out(memory, out, names: dict, arrays: dict):
-    """out is writable and shares no memory with what the kernel reads."""
-    if not memory.writable(out):
-        raise ProblemError(f"{names['out']} is read-only")
+    """out shares no memory with what the kernel reads."""
     for name, x in arrays.items():
-        if x is not None and x is not out and name not in (names["out"], names.get("c")) \
-                and memory.overlaps(out, x):
+        if x is not None and name not in (names["out"], names.get("c")) and memory.overlaps(out, x):
             raise AliasingError(f"{names['out']} overlaps {name}; the kernel would read what it writes")

@@ -4,6 +4,7 @@ checked against the float64 reference."""
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -159,3 +160,41 @@ print("\n".join(cycles))
     found = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "", f"modules on an import cycle:\n{found.stdout}"
+
+
+def test_a_variant_names_its_operands(rng):
+    """A record's operands play roles under names of its own: calls, the
+    plan and errors use those names (the regular templates, renamed)."""
+    from pathlib import Path
+
+    import regular_gemm.plugin as regular
+    from dispatcher import kinds
+    from dispatcher.plugin_api import VariantRecord, configs_per_target, launches_gemm, registers, renders
+
+    record = VariantRecord(
+        "named", "named", ("cpu",), ("fp32",), ("rrr", "rcr"), options=regular.EPILOGUE_OPTIONS,
+        name_suffix=regular.epilogue_suffix, problem_options=regular.epilogue_problem_options,
+        default_configs=configs_per_target(cpu=(SMALL,)),
+        operands=kinds.gemm_operands(a="x", b="w", out="y"))
+
+    named = SimpleNamespace(dispatcher_register_variants=registers(record),
+                            dispatcher_codegen=renders("named", Path(regular.__file__).parent),
+                            dispatcher_launch=launches_gemm("named", registry=True))
+    manager = dispatcher.plugins.get_manager()  # configs are checked against the process's plugins
+    manager.register(named, "named")
+    try:
+        d = Dispatcher(tuning=None, manager=manager)
+        x, w = random_matrix(20, 12, "fp32", "r", rng), random_matrix(12, 9, "fp32", "c", rng)
+        y = poison(np.empty((20, 9), np.float32))
+        assert dispatcher.run("named", x=x, w=w, y=y, dispatcher=d) is y
+        assert max_rel(y, reference(x, w)) <= 1e-5
+        held = dispatcher.plan("named", x=x, w=w, dispatcher=d)
+        assert max_rel(held(x, w), reference(x, w)) <= 1e-5
+        with pytest.raises(ProblemError, match="takes no argument.*'a'.*operands x, w, c, y"):
+            dispatcher.run("named", a=x, w=w, dispatcher=d)
+        with pytest.raises(ProblemError, match="w is None"):
+            dispatcher.run("named", x=x, dispatcher=d)
+        with pytest.raises(ProblemError, match="inner dimensions differ: x is"):
+            dispatcher.run("named", x=x, w=x, dispatcher=d)
+    finally:
+        manager.unregister("named")

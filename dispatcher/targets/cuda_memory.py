@@ -49,7 +49,9 @@ def _is_torch(x) -> bool:
 
 
 def is_device_array(x) -> bool:
-    return hasattr(x, "__cuda_array_interface__") or (_is_torch(x) and getattr(x, "is_cuda", False))
+    if _is_torch(x):  # before the interface, which a CUDA tensor builds on every access
+        return x.is_cuda
+    return hasattr(x, "__cuda_array_interface__")
 
 
 DeviceArray = View  # a view of device memory
