@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 import numpy as np
 
-from . import targets
+from . import environ, targets
 from .build import BuildCache
 from .config import KernelConfig
 from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginError, ProblemError,
@@ -40,7 +40,7 @@ AUTOTUNE_TIMING = TimingOptions(warmup=2, repeat=10, flush_l2=False)
 
 def autotune_default() -> bool:
     """`DISPATCHER_AUTOTUNE=1` turns autotune on for calls that do not say."""
-    return os.environ.get("DISPATCHER_AUTOTUNE", "") not in ("", "0")
+    return environ.flag("DISPATCHER_AUTOTUNE")
 
 
 class Dispatcher:
