@@ -26,7 +26,7 @@ from .library import Library
 from .plugins import get_manager
 from .problem import (check_arrays, fixed_fields, operand_list, prepare_gemm, prepare_grouped,
                       prepare_grouped_mm, unmet_fields)
-from .records import resolve_launch_options
+from .records import check_offered, resolve_launch_options
 from .selection import rank
 from .timing import TimingOptions, median
 from .tuning import TuningDatabase
@@ -73,6 +73,7 @@ class Dispatcher:
         """(the variant's default configs for `problem` that can be built
         here, sorted by name; [(config, why not)] for the others)."""
         record = self.manager.variant(problem.variant)
+        check_offered(record, problem)
         configs, rejected = {}, []
         for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
             try:
@@ -313,6 +314,7 @@ class Dispatcher:
 
     def config_matching(self, problem, config) -> KernelConfig:
         """`config` (a KernelConfig or a dict of fields) checked against the problem."""
+        check_offered(self.manager.variant(problem.variant), problem)
         if not isinstance(config, KernelConfig):
             return self.config_for(problem, config)
         for field, want in (("variant", problem.variant), ("target", problem.target),

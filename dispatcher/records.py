@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from .errors import ConfigError
+from .errors import ConfigError, DtypeError, LayoutError
 
 
 @attrs.frozen
@@ -157,3 +157,19 @@ class VariantRecord:
     operands: tuple = ()
     params: tuple = ()
     problem_options: Callable[[dict], dict] = lambda extras: {}
+
+
+def check_offered(record, problem):
+    """Refuse a problem `record` does not offer, whatever its configs: an
+    input dtype (DtypeError), a layout (LayoutError) or a target
+    (ConfigError) outside its declaration. No config or sweep could run it,
+    so the error names what the variant offers instead."""
+    if problem.dtype not in record.dtypes:
+        raise DtypeError(f"variant {record.name!r} takes {', '.join(record.dtypes)} inputs, not "
+                         f"{problem.dtype}; convert the inputs or pick another variant")
+    if problem.layout not in record.layouts:
+        raise LayoutError(f"variant {record.name!r} reads layouts {', '.join(record.layouts)} (A, B, C: "
+                          f"r row-, c column-major), not {problem.layout}; pass operands in one of them")
+    if problem.target not in record.targets:
+        raise ConfigError(f"variant {record.name!r} runs on {', '.join(record.targets)}, not "
+                          f"{problem.target!r}; pick another target or variant")
