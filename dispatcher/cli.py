@@ -14,6 +14,7 @@ from .api import Dispatcher
 from .build import BuildCache
 from .config import LAYOUTS
 from .errors import ConfigError, DispatcherError, ProblemError
+from .files import read_text
 from .plugins import get_manager
 from .problem import prepare_gemm, prepare_grouped
 from .timing import TimingOptions, measure, median
@@ -277,9 +278,10 @@ def cmd_migrate(args):
     if args.isa and args.target != "cpu":
         raise SystemExit(f"migrate: --isa is a cpu target option; --target is {args.target}")
     if args.names:
+        lines = read_text(args.names, "name list").splitlines()
         print("# CK name\tCK bridge name\tgemm-dispatcher name\tbuildable here")
         ok = True
-        for line in open(args.names):
+        for line in lines:
             name = line.split("|")[0].strip()
             if not name or name.startswith("#"):
                 continue
