@@ -101,9 +101,9 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
         base["dtype_c"] = out_dtype
     configs, filtered = {}, []
     names = list(values)
-    for combo in itertools.product(*(values[n] for n in names)):
-        point = dict(zip(names, combo))
-        config = KernelConfig.create(**base, **point)
+    points = [dict(zip(names, combo)) for combo in itertools.product(*(values[n] for n in names))]
+    made = targets.get(target).fit_sweep([KernelConfig.create(**base, **p) for p in points], names)
+    for point, config in zip(points, made):
         reasons = config.problems()
         if reasons:
             filtered.append((point, "; ".join(reasons)))
