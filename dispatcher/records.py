@@ -137,6 +137,11 @@ class VariantRecord:
         elements as the kernel reads it, 0 = broadcast, or None if not
         given} -> variant-block values the call fixes (e.g. the fused
         bias's orientation); may raise ProblemError.
+    reference: (operands, params) -> the float64 result, where `operands`
+        maps each operand given (not `out`) to its values in float64 and
+        `params` each parameter and `alpha` by name: what
+        `gemm-dispatcher run --verify` checks a variant with extra
+        operands or parameters against (None: such a run is refused).
     """
 
     name: str
@@ -157,6 +162,7 @@ class VariantRecord:
     operands: tuple = ()
     params: tuple = ()
     problem_options: Callable[[dict], dict] = lambda extras: {}
+    reference: Optional[Callable[[dict, dict], Any]] = None
 
 
 def check_offered(record, problem):
