@@ -195,6 +195,26 @@ def test_cli_refuses_to_verify_a_variant_without_a_reference(monkeypatch, capsys
     assert len(err) == 1 and "variant 'scaled' takes scale, gamma and has no reference" in err[0], err
 
 
+def test_every_tile_library_name_a_template_uses_is_documented():
+    """docs/writing-a-plugin.md's tile-library table names every dcpu::,
+    T::, dispatcher_abi:: and DISPATCHER_ name the CPU templates of the
+    built-in and example plugins use, and every plugin_api export."""
+    import re
+
+    from dispatcher import plugin_api
+    doc = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+    templates = [*ROOT.glob("plugins/*/templates/cpu*"), *ROOT.glob("examples/*/*/templates/cpu*")]
+    assert len(templates) >= 6
+    used = set()
+    for path in templates:
+        used |= set(re.findall(r"\b(?:dcpu::|dispatcher_abi::|T::)[A-Za-z_]\w*(?:::[a-z_]+)?|\bDISPATCHER_[A-Z_]+",
+                               path.read_text()))
+    assert {"T::MC", "T::KC", "T::A::storage", "dcpu::parallel_tiles", "dcpu::thread_count",
+            "DISPATCHER_DEFINE_GEMM_EXPORTS"} <= used
+    assert not [n for n in sorted(used) if n not in doc]
+    assert not [n for n in plugin_api.__all__ if f"`{n}" not in doc]
+
+
 def test_plugin_api_skeleton_and_template_lookup(tmp_path):
     """for_variant answers for its variant only; render finds one template
     per target, a named one among several, or a folder whose main file is
