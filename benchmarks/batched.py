@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import numpy as np
 
 import dispatcher
-from common import RESULTS, environment, geomean, time_interleaved, warn_if_openblas_throttled, write
+from common import (RESULTS, environment, geomean, pyplot, time_interleaved, warn_if_openblas_throttled,
+                    write)
 from dispatcher.timing import TimingOptions
 from dispatcher.verify import max_rel, random_matrix
 
@@ -117,12 +117,8 @@ def cuda(args) -> dict:
 
 
 def plot(name: str, payload: dict):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot(RESULTS / f"{name}.png")
+    if plt is None:
         return
     rows = payload["rows"]
     labels = [f"{r.get('case', 'fp32')}\n{r['batch']}x{r['m']}x{r['n']}x{r['k']}" for r in rows]

@@ -22,6 +22,21 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "shapes.json"
 
 
+def pyplot(path: Path, hint: str = ""):
+    """matplotlib's pyplot (Agg backend) to draw `path` with, or None where
+    matplotlib is not installed (said in one line): a benchmark's figures
+    are its JSON, written first; the plot is extra."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib not installed: no {Path(path).name} (pip install 'gemm-dispatcher[plot]'){hint}",
+              file=sys.stderr)
+        return None
+    return plt
+
+
 def load_shapes() -> dict:
     """The public benchmark corpus (../shared/bench/shapes.json), if present."""
     for path in (SHAPES, Path(os.environ.get("GEMM_SHAPES", "/nonexistent"))):

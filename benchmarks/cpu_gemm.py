@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import RESULTS, environment, geomean, load_shapes, time_interleaved, write
+from common import RESULTS, environment, geomean, load_shapes, pyplot, time_interleaved, write
 from dispatcher.api import Dispatcher
 from dispatcher.build import BuildCache
 from dispatcher.cli import run_once
@@ -147,10 +147,9 @@ def run_child(isa: str, repeat: int) -> dict:
 
 
 def plot(results: list, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(path)
+    if plt is None:
+        return
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
     for ax, res in zip(axes[0], results):
         fp32 = [r for r in res["rows"] if r["dtype"] == "fp32"]

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dispatcher  # noqa: E402
-from common import environment, geomean, load_shapes  # noqa: E402
+from common import environment, geomean, load_shapes, pyplot  # noqa: E402
 from dispatcher.api import Dispatcher  # noqa: E402
 from dispatcher.kinds import prepare_gemm  # noqa: E402
 from dispatcher.problem import prepare_grouped_mm  # noqa: E402
@@ -220,11 +220,8 @@ def bench_overhead(grouped_case):
 
 
 def plot(result, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot(path)
+    if plt is None:
         return
     parts = [p for p in ("regular", "unaligned", "skinny", "stream_k", "fp8", "grouped") if result.get(p)]
     fig, axes = plt.subplots(1, len(parts), figsize=(4.2 * len(parts), 4.5), squeeze=False)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, environment  # noqa: E402
+from common import RESULTS, environment, pyplot  # noqa: E402
 
 from dispatcher.tile_engine import results  # noqa: E402
 
@@ -107,9 +107,9 @@ def two_node_cluster(work: Path):
 
 
 def plot(report: dict, path: Path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
     fig, (walls, over) = plt.subplots(1, 2, figsize=(9, 3.6))
     names = ["local", "ray"]
     x = range(len(names))

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 import dispatcher.torch as dt
+from common import pyplot
 from dispatcher.api import default_dispatcher
 from dispatcher.problem import GemmProblem
 from dispatcher.verify import max_rel
@@ -138,12 +139,8 @@ def versions(device) -> dict:
 
 
 def plot(result: dict, path: Path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib missing: no {path.name}; draw it elsewhere with --plot {path.with_suffix('.json')}")
+    plt = pyplot(path, f"; draw it elsewhere with --plot {path.with_suffix('.json')}")
+    if plt is None:
         return
     ratios = [result["modes"][m]["ratio"] for m in MODES]
     fig, ax = plt.subplots(figsize=(7, 4))

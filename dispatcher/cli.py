@@ -14,6 +14,7 @@ from .dispatch import Dispatcher
 from .build import BuildCache
 from .config import LAYOUTS
 from .errors import ConfigError, DispatcherError, ProblemError
+from .files import read_text
 from .plugins import get_manager
 from .kinds import prepare_gemm
 from .problem import prepare_grouped
@@ -110,7 +111,8 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    kind = get_manager().variant(variant).problem_kind
+    record = get_manager().variant(variant)
+    kind = record.problem_kind
     if groups and kind != "grouped":
         raise ProblemError(f"--groups needs a grouped variant (--variant grouped); {variant!r} "
                            "runs one problem of --m, --n, --k")
@@ -120,13 +122,17 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
         Bs = [random_matrix(gk, gn, dtype, layout[1], rng) for _, gn, gk in shapes]
         problem, operands, results = prepare_grouped(As, Bs, out_dtype=out_dtype, variant=variant,
                                                      target=target)
-        pairs = list(zip(As, Bs))
+        references = [lambda a=a, b=b: reference(a, b) for a, b in zip(As, Bs)]
     else:
         a = random_matrix(m, k, dtype, layout[0], rng)
         b = random_matrix(k, n, dtype, layout[1], rng)
-        problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
-                                                 target=target)
-        results, pairs = [result], [(a, b)]
+        if _declared_operands(record):  # `arrays`: the argument block points into them
+            problem, operands, result, arrays, ref = _declared_call(record, a, b, out_dtype, target, verify, rng)
+        else:
+            problem, operands, result = prepare_gemm(a, b, out_dtype=out_dtype, variant=variant,
+                                                     target=target)
+            ref = lambda: reference(a, b)
+        results, references = [result], [ref]
     problem, chosen = d.run_or_fall_back(problem, operands, config or None, strict=strict)
     library = d.library(chosen)
     times = measure(lambda i: d.launch(library, problem, operands), timing)
@@ -137,7 +143,7 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
            "repeat": timing.repeat}
     if verify:  # after the timing: the reference runs on OpenBLAS, whose threads spin on
         # after a call and would share the cores with the kernel being timed
-        refs = [reference(a, b) for a, b in pairs]
+        refs = [ref() for ref in references]
         for r in results:
             r[...] = np.nan if r.dtype.kind == "f" or r.dtype.kind == "V" else 0
         d.launch(library, problem, operands)
@@ -146,6 +152,41 @@ def run_once(d: Dispatcher, *, variant, m=0, n=0, k=0, groups=None, dtype="fp32"
         row["tolerance"] = tolerance(chosen, max((s[2] for s in problem.shapes), default=1))
         row["verified"] = row["max_rel"] <= row["tolerance"]
     return row
+
+
+def _declared_operands(record) -> list:
+    """The names of the extra operands and parameters a kernel of `record`
+    needs besides a, b and out: a call without them is not its problem."""
+    return ([o.name for o in record.operands if o.role == "extra" and not o.optional]
+            + [p.name for p in record.params])
+
+
+def _declared_call(record, a, b, out_dtype, target, verify, rng) -> tuple:
+    """(problem, argument block, result, operand arrays, reference thunk)
+    of a run of a variant with extra operands or parameters: each required
+    extra operand random values of its declared dims and dtype, each
+    parameter its default. The argument block holds raw pointers into the
+    operand arrays: keep them while it runs. Verifying needs the record's
+    `reference`; without one the run is refused before anything is built."""
+    import numpy as np
+    from .kinds import prepare, role_names
+    if verify and record.reference is None:
+        raise ProblemError(f"variant {record.name!r} takes {', '.join(_declared_operands(record))} and has no "
+                           "reference (VariantRecord.reference) to verify them against; run it without --verify")
+    (m, k), n = a.shape, b.shape[1]
+    sizes, out = dict(m=m, n=n, k=k), dtypes.output_for(dtypes.get(a.dtype).token, out_dtype).token
+    roles = role_names(record)
+    arrays = {roles["a"]: a, roles["b"]: b}
+    for o in record.operands:
+        if o.role == "extra" and not o.optional:
+            token = {"in": dtypes.get(a.dtype).token, "out": out}.get(o.dtype, o.dtype)
+            arrays[o.name] = random_matrix(sizes[o.dims[0]], sizes[o.dims[1]], token, "r", rng)
+    params = {p.name: p.default for p in record.params}
+    problem, blocks, result = prepare(record, arrays, params, {}, out_dtype=out_dtype, target=target,
+                                      allocate=np.empty)
+    return (problem, blocks[0], result, arrays,
+            lambda: record.reference({name: x.astype(np.float64) for name, x in arrays.items()},
+                                     {"alpha": 1.0, **params}))
 
 
 def cmd_plugins(args):
@@ -278,9 +319,10 @@ def cmd_migrate(args):
     if args.isa and args.target != "cpu":
         raise SystemExit(f"migrate: --isa is a cpu target option; --target is {args.target}")
     if args.names:
+        lines = read_text(args.names, "name list").splitlines()
         print("# CK name\tCK bridge name\tgemm-dispatcher name\tbuildable here")
         ok = True
-        for line in open(args.names):
+        for line in lines:
             name = line.split("|")[0].strip()
             if not name or name.startswith("#"):
                 continue

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
-from . import targets
+from . import environ, targets
 from .build import BuildCache
 from .config import KernelConfig
 from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginError, ToolchainError,
@@ -25,7 +25,7 @@ from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginE
 from .library import Library
 from .plugins import get_manager
 from .problem import fixed_fields, unmet_fields
-from .records import resolve_launch_options
+from .records import check_offered, resolve_launch_options
 from .selection import rank
 from .timing import TimingOptions, median
 from .tuning import TuningDatabase
@@ -39,7 +39,7 @@ AUTOTUNE_TIMING = TimingOptions(warmup=2, repeat=10, flush_l2=False)
 
 def autotune_default() -> bool:
     """`DISPATCHER_AUTOTUNE=1` turns autotune on for calls that do not say."""
-    return os.environ.get("DISPATCHER_AUTOTUNE", "") not in ("", "0")
+    return environ.flag("DISPATCHER_AUTOTUNE")
 
 
 class Dispatcher:
@@ -73,6 +73,7 @@ class Dispatcher:
         """(the variant's default configs for `problem` that can be built
         here, sorted by name; [(config, why not)] for the others)."""
         record = self.manager.variant(problem.variant)
+        check_offered(record, problem)
         configs, rejected = {}, []
         for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
             try:
@@ -321,6 +322,7 @@ class Dispatcher:
 
     def config_matching(self, problem, config) -> KernelConfig:
         """`config` (a KernelConfig or a dict of fields) checked against the problem."""
+        check_offered(self.manager.variant(problem.variant), problem)
         if not isinstance(config, KernelConfig):
             return self.config_for(problem, config)
         for field, want in (("variant", problem.variant), ("target", problem.target),

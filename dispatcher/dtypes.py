@@ -46,6 +46,7 @@ TABLE: dict[str, DType] = {
 }
 
 INPUT_TOKENS = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "int8")
+OUTPUT_TOKENS = tuple(dict.fromkeys(out for d in TABLE.values() for out in d.outputs))
 
 # Aliases users type: numpy names and CK's short tokens.
 _ALIASES = {
@@ -59,26 +60,29 @@ _ALIASES = {
 _BY_NUMPY = {d.numpy: d for d in TABLE.values()}
 
 
+SUPPORTED = f"inputs: {', '.join(INPUT_TOKENS)}; outputs: {', '.join(OUTPUT_TOKENS)}"
+
+
 def get(spec) -> DType:
-    """A DType from a token, an alias, or a numpy dtype."""
+    """A DType from a token, an alias, a numpy dtype or a torch dtype (by
+    its name: torch is not imported here)."""
     if isinstance(spec, DType):
         return spec
     found = _BY_NUMPY.get(spec) if isinstance(spec, np.dtype) else TABLE.get(spec) if spec.__hash__ else None
     if found is not None:
         return found
-    if isinstance(spec, str):
-        token = _ALIASES.get(spec, spec)
-        if token in TABLE:
-            return TABLE[token]
-        raise DtypeError(f"unknown dtype {spec!r}; supported: {', '.join(TABLE)}")
+    if type(spec).__module__ == "torch" and type(spec).__name__ == "dtype":
+        spec = str(spec).removeprefix("torch.")
+    if isinstance(spec, str) and _ALIASES.get(spec, spec) in TABLE:
+        return TABLE[_ALIASES.get(spec, spec)]
     try:
         np_dtype = np.dtype(spec)
     except TypeError:
-        raise DtypeError(f"unknown dtype {spec!r}; supported: {', '.join(TABLE)}") from None
+        raise DtypeError(f"unknown dtype {spec!r}; {SUPPORTED}") from None
     for d in TABLE.values():
         if d.numpy == np_dtype:
             return d
-    raise DtypeError(f"dtype {np_dtype} is not supported; supported: {', '.join(TABLE)}")
+    raise DtypeError(f"dtype {np_dtype} is not supported; {SUPPORTED}")
 
 
 def output_for(input_token: str, requested=None) -> DType:

@@ -489,29 +489,42 @@ def _options(record, choices: tuple, extras: dict) -> dict:
     return {**fixed, **implied}
 
 
+def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None, target="cpu", memory=HOST,
+            allocate=None, stream: int = 0) -> tuple:
+    """(problem, argument blocks, result) of a call of `record`'s kind on
+    arrays already in `memory` (operand name -> array): the checks, layout
+    and argument blocks a `dispatcher.run` call makes, for tools that launch
+    a kernel themselves (the tile engine's benchmark workers, the CLI's
+    `run`, benchmarks). `result` is the out operand or a new row-major
+    array; c is copied into it when beta != 0. (None, (), result) when
+    there is nothing to compute."""
+    for name, x in arrays.items():
+        if x is not None and not memory.accepts(x):
+            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
+    core, values = scalars(record, params)
+    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in operands_of(record))
+    found = layout(record, specs, check_choices(record, choices),
+                   None if out_dtype is None else dtypes.get(out_dtype).token, target, core[1] != 0)
+    roles = role_names(record)
+    out, c = arrays.get(roles.get("out")), arrays.get(roles.get("c"))
+    result = out if out is not None else (allocate or memory.empty)(found.result_shape, found.result_dtype)
+    if found.problem is None:
+        return None, (), result
+    if core[1] and c is not None and c is not out:
+        memory.copy(result, c, stream)
+    pointers = tuple(data_pointer(result if name == roles["out"] else arrays[name]) for name in found.names)
+    return found.problem, tuple(bind(found, pointers, core, values)), result
+
+
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular",
                  target="cpu", memory=HOST, allocate=None, stream: int = 0) -> tuple:
-    """(problem, operands, result) of one plain GEMM on arrays already in
-    `memory`: the checks, layout and argument block of a `dispatcher.gemm`
-    call, for tools that launch a kernel themselves (the tile engine's
-    benchmark workers, the CLI's `run`, benchmarks). `result` is `out` or
-    a new row-major array; c is copied into it when beta != 0."""
+    """(problem, operands, result) of one plain GEMM (`prepare` of the
+    variant's a, b, c and out)."""
     from .plugins import get_manager
 
     record = get_manager().variant(variant)
     roles = role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b, roles.get("c", "c"): c, roles["out"]: out}
-    for name, x in arrays.items():
-        if x is not None and not memory.accepts(x):
-            raise ProblemError(f"{name} must be an array in {memory.name} memory, got {type(x).__name__}")
-    core = (_scalar_param("alpha", alpha), _scalar_param("beta", beta), 1.0, 1.0)
-    specs = tuple((o.name, ArraySpec.of(arrays.get(o.name))) for o in operands_of(record))
-    found = layout(record, specs, (), None if out_dtype is None else dtypes.get(out_dtype).token, target,
-                   core[1] != 0)
-    result = out if out is not None else (allocate or memory.empty)(found.result_shape, found.result_dtype)
-    if found.problem is None:
-        return None, None, result
-    if core[1] and c is not None and c is not out:
-        memory.copy(result, c, stream)
-    pointers = tuple(data_pointer(result if name == roles["out"] else arrays[name]) for name in found.names)
-    return found.problem, bind(found, pointers, core, ())[0], result
+    problem, blocks, result = prepare(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype,
+                                      target=target, memory=memory, allocate=allocate, stream=stream)
+    return problem, blocks[0] if blocks else None, result

@@ -19,7 +19,7 @@ from importlib import metadata
 import attrs
 import pluggy
 
-from . import defaults, hookspecs
+from . import defaults, environ, hookspecs
 from .errors import PluginError
 
 
@@ -45,7 +45,7 @@ class PluginManager:
         # Bumped whenever the registered plugins change: a Dispatcher's bound
         # launches and selections are valid for one generation.
         self.generation = 0
-        self.tracing = os.environ.get("DISPATCHER_TRACE_PLUGINS", "") not in ("", "0")
+        self.tracing = environ.flag("DISPATCHER_TRACE_PLUGINS")
         if self.tracing:
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from .errors import ConfigError
+from .errors import ConfigError, DtypeError, LayoutError
 
 
 @attrs.frozen
@@ -137,6 +137,11 @@ class VariantRecord:
         elements as the kernel reads it, 0 = broadcast, or None if not
         given} -> variant-block values the call fixes (e.g. the fused
         bias's orientation); may raise ProblemError.
+    reference: (operands, params) -> the float64 result, where `operands`
+        maps each operand given (not `out`) to its values in float64 and
+        `params` each parameter and `alpha` by name: what
+        `gemm-dispatcher run --verify` checks a variant with extra
+        operands or parameters against (None: such a run is refused).
     """
 
     name: str
@@ -157,3 +162,20 @@ class VariantRecord:
     operands: tuple = ()
     params: tuple = ()
     problem_options: Callable[[dict], dict] = lambda extras: {}
+    reference: Optional[Callable[[dict, dict], Any]] = None
+
+
+def check_offered(record, problem):
+    """Refuse a problem `record` does not offer, whatever its configs: an
+    input dtype (DtypeError), a layout (LayoutError) or a target
+    (ConfigError) outside its declaration. No config or sweep could run it,
+    so the error names what the variant offers instead."""
+    if problem.dtype not in record.dtypes:
+        raise DtypeError(f"variant {record.name!r} takes {', '.join(record.dtypes)} inputs, not "
+                         f"{problem.dtype}; convert the inputs or pick another variant")
+    if problem.layout not in record.layouts:
+        raise LayoutError(f"variant {record.name!r} reads layouts {', '.join(record.layouts)} (A, B, C: "
+                          f"r row-, c column-major), not {problem.layout}; pass operands in one of them")
+    if problem.target not in record.targets:
+        raise ConfigError(f"variant {record.name!r} runs on {', '.join(record.targets)}, not "
+                          f"{problem.target!r}; pick another target or variant")

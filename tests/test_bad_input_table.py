@@ -62,7 +62,8 @@ class Calls(tuple):
 
 
 class Cli(tuple):
-    """Command lines of one CLI row: each must exit 2 with one line on stderr."""
+    """Command lines of one CLI row (a string, a list, or a function of ctx
+    that gives the list): each must exit 2 with one line on stderr."""
 
 
 def each(*calls) -> Calls:
@@ -226,6 +227,132 @@ def _unaligned_or_read_only_inputs():
     assert np.array_equal(dispatcher.gemm(a, b, config=SMALL), values @ b)
 
 
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _narrow_dispatcher():
+    """A Dispatcher whose plugins add variant `narrow`: fp32 and bf16 inputs, layout rcr."""
+    from dispatcher.api import Dispatcher
+    from dispatcher.plugin_api import VariantRecord, gemm_operands, registers
+    from dispatcher.plugins import PluginManager
+    record = VariantRecord("narrow", "gemm", ("cpu",), ("fp32", "bf16"), ("rcr",), operands=gemm_operands(),
+                           default_configs=lambda target, dtype, layout: [SMALL])
+    manager = PluginManager()
+    manager.register(types.SimpleNamespace(dispatcher_register_variants=registers(record)), "narrow")
+    return Dispatcher(manager=manager, tuning=None)
+
+
+def _dtype_not_offered():
+    d = _narrow_dispatcher()
+    f16 = lambda *shape: np.ones(shape, np.float16)
+    for call in (lambda: dispatcher.gemm(f16(3, 4), f16(4, 5), variant="narrow", dispatcher=d),
+                 lambda: dispatcher.gemm(f16(3, 4), f16(4, 5), variant="narrow", config=SMALL, dispatcher=d),
+                 lambda: dispatcher.run("narrow", a=f16(3, 4), b=f16(4, 5), dispatcher=d)):
+        with pytest.raises(errors.DtypeError, match="takes fp32, bf16 inputs, not fp16") as info:
+            call()
+        assert "sweep" not in str(info.value)
+    with pytest.raises(errors.LayoutError, match="reads layouts rcr"):
+        dispatcher.gemm(f32(3, 4), f32(4, 5), variant="narrow", dispatcher=d)  # rrr
+    raise info.value
+
+
+def _offsets(dtype=np.int32, values=(3, 4, 5)):
+    rows, groups = 12, len(values)
+    return f32(rows, 4), f32(groups, 4, 5), np.array(values, dtype)
+
+
+def _torch_offsets_long():
+    torch = _torch()
+    a, b, offsets = map(torch.from_numpy, _offsets())
+    from dispatcher.torch import grouped_mm
+    try:
+        grouped_mm(a, b, offsets.long())
+    except errors.DispatcherError as e:
+        assert "int32" in str(e) and "float" not in str(e), e
+        raise
+
+
+def _torch_mixed(which):
+    torch = _torch()
+    import dispatcher.torch as dt
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    if which == "gemm":
+        return dt.gemm(a, b.to("meta"))
+    if which == "c":
+        return dt.gemm(a, b, c=torch.ones(3, 5, device="meta"), beta=1.0)
+    a, b, offsets = map(torch.from_numpy, _offsets())
+    return dt.grouped_mm(a, b.to("meta"), offsets)
+
+
+def _out_dtype_names():
+    torch = _torch()
+    import dispatcher.torch as dt
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (5, 6)).astype(np.float32), rng.uniform(-1, 1, (6, 7)).astype(np.float32)
+    expected = (a.astype(np.float64) @ b).astype(np.float16)
+    for name in ("fp16", "float16", "half", np.float16, np.dtype(np.float16), torch.float16):
+        got = [dispatcher.gemm(a, b, out_dtype=name, config=SMALL),
+               dispatcher.matmul(a, b, out_dtype=name, config=SMALL),
+               dispatcher.grouped_gemm([a], [b], out_dtype=name, config=SMALL)[0],
+               dispatcher.grouped_mm(a, b[None], np.array([5], np.int32), out_dtype=name, config=SMALL),
+               dt.gemm(torch.from_numpy(a), torch.from_numpy(b), out_dtype=name, config=SMALL).numpy(),
+               dt.grouped_mm(torch.from_numpy(a), torch.from_numpy(b[None]), torch.tensor([5], dtype=torch.int32),
+                             out_dtype=name, config=SMALL).numpy()]
+        for out in got:
+            assert out.dtype == np.float16 and np.allclose(out, expected, rtol=2e-3, atol=2e-3), name
+
+
+def _torch_meta_tensors():
+    torch = _torch()
+    import dispatcher.torch as dt
+    a, b = torch.ones(3, 4, device="meta"), torch.ones(4, 5, device="meta", dtype=torch.float32)
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = dt.gemm(a, b, out_dtype="fp16")
+        assert out.device.type == "meta" and out.shape == (3, 5) and out.dtype == torch.float16
+    out = dt.grouped_mm(torch.ones(6, 4, device="meta"), torch.ones(2, 4, 5, device="meta"),
+                        torch.ones(2, dtype=torch.int32, device="meta"))
+    assert out.device.type == "meta" and out.shape == (6, 5)
+
+
+def _sweep_tiles_off_the_micro_tile():
+    from dispatcher.tile_engine import sweep
+    axes = {"tile_m": {"values": [32, 64]}, "tile_n": {"values": [32, 64]}, "tile_k": {"values": [64]}}
+    for isa in cpu_isa.ISAS:
+        plan = sweep.expand(dict(axes, isa={"values": [isa]}), variant="regular", target="cpu", dtype="fp32",
+                            layout="rcr")
+        assert not [why for _, why in plan.filtered if "micro-tile" in why], (isa, plan.filtered)
+        for c in plan.configs:
+            o = c.target_params
+            assert c.tile_m % o["micro_m"] == 0 and c.tile_n % o["micro_n"] == 0, c.name
+        if cpu_isa.why_not_runnable(cpu_isa.get(isa)) is None:
+            assert len(plan.configs) == 4, isa
+    config = next(c for c in sweep.expand(axes, variant="regular", target="cpu", dtype="fp32", layout="rcr").configs
+                  if (c.tile_m, c.tile_n) == (32, 64))
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (70, 50)).astype(np.float32), rng.uniform(-1, 1, (50, 90)).astype(np.float32)
+    assert np.allclose(dispatcher.gemm(a, b, config=dict(config.to_dict(), layout="rrr")),
+                       a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def _bool_env_invalid(ctx):
+    from dispatcher.plugins import PluginManager
+    ctx.monkeypatch.setenv("DISPATCHER_TRACE_PLUGINS", "2")
+    with pytest.raises(errors.ConfigError, match="DISPATCHER_TRACE_PLUGINS='2' is not a boolean"):
+        PluginManager()
+    ctx.monkeypatch.delenv("DISPATCHER_TRACE_PLUGINS")
+    ctx.monkeypatch.setenv("DISPATCHER_AUTOTUNE", "maybe")
+    dispatcher.gemm(f32(3, 4), f32(4, 5))
+
+
+def _undecodable(ctx, command: str) -> list:
+    """`command` on a file of latin-1 bytes, which are not UTF-8."""
+    path = ctx.tmp_path / "latin1.json"
+    path.write_bytes('{"tile_config": {"tile_m": {"values": [64]}}, "note": "caf\xe9"}'.encode("latin-1"))
+    return command.format(path).split()
+
+
 def cli(ctx, *argv):
     """(status, stderr lines) of one CLI call in this process."""
     ctx.capsys.readouterr()
@@ -264,6 +391,7 @@ CASES = {
         *(lambda t=t: dispatcher.gemm(np.ones((3, 4), t), np.ones((4, 5), t))
           for t in (np.float64, bool, np.complex64, object, ">f4"))),
     "dtype-output-only": lambda ctx: dispatcher.gemm(np.ones((3, 4), np.int32), np.ones((4, 5), np.int32)),
+    "dtype-not-offered": lambda ctx: _dtype_not_offered(),
     "out-dtype-unknown": each(lambda: dispatcher.gemm(f32(3, 4), f32(4, 5), out_dtype="int4"),
                                           lambda: dispatcher.gemm(f32(3, 4), f32(4, 5), out_dtype=3.5)),
     "out-dtype-not-allowed": each(
@@ -360,6 +488,14 @@ CASES = {
                                        lambda: dispatcher.grouped_gemm([np.ones(4, np.float32)], [f32(4, 5)])),
     "grouped-dtype-mismatch": lambda ctx: dispatcher.grouped_gemm(
         [f32(3, 4), np.ones((3, 4), np.float16)], [f32(4, 5), np.ones((4, 5), np.float16)]),
+    "offsets-not-int32": each(
+        lambda: dispatcher.grouped_mm(*_offsets(np.int64)),
+        lambda: dispatcher.grouped_mm(*_offsets(np.float32)),
+        _torch_offsets_long),
+    "offsets-out-of-range": each(
+        *(lambda v=v: dispatcher.grouped_mm(*_offsets(values=v)) for v in ((3, 4, 13), (-1, 2, 9), (3, 2, 9)))),
+    "torch-mixed-devices": each(*(lambda w=w: _torch_mixed(w) for w in ("gemm", "c", "grouped_mm"))),
+    "bool-env-invalid": _bool_env_invalid,
     "isa-env-unknown": lambda ctx: _isa_env(ctx, "sse9"),
     "isa-env-not-runnable": lambda ctx: _isa_env(ctx, _not_runnable_isa()),
     "disable-plugins-unknown": _disable_plugins_unknown,
@@ -378,11 +514,16 @@ CASES = {
     "cli-bad-groups": Cli(["run --variant grouped --groups 128x512", "run --groups 128x512x512"]),
     "cli-bad-config": Cli([["run", "--config", "{bad"], "run --config tile_q=3"]),
     "cli-missing-file": Cli(["sweep /nonexistent/missing.json --variant regular"]),
+    "cli-undecodable-file": Cli([lambda ctx, c=c: _undecodable(ctx, c) for c in (
+        "migrate {}", "sweep {} --variant regular", "migrate --names {}", "report {}")]),
     "cli-unknown-argument": Cli(["kernels --bogus"]),
     "zero-size": lambda ctx: _zero_size(),
     "zero-groups": lambda ctx: _zero_groups(),
     "c-is-out": lambda ctx: _c_is_out(),
     "unaligned-or-read-only-inputs": lambda ctx: _unaligned_or_read_only_inputs(),
+    "out-dtype-names": lambda ctx: _out_dtype_names(),
+    "torch-meta-tensors": lambda ctx: _torch_meta_tensors(),
+    "sweep-tiles-off-the-micro-tile": lambda ctx: _sweep_tiles_off_the_micro_tile(),
 }
 
 
@@ -423,7 +564,7 @@ def test_row(row, ctx):
         f"row {row!r}: CLI rows (exit 2) and Cli cases go together"
     if isinstance(case, Cli):
         for argv in case:
-            argv = argv.split() if isinstance(argv, str) else argv
+            argv = argv(ctx) if callable(argv) else argv.split() if isinstance(argv, str) else argv
             status, err = cli(ctx, *argv)
             assert status == 2 and len(err) == 1 and "error" in err[0], (argv, status, err)
         return

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dispatcher
-from dispatcher import errors
+from dispatcher import dtypes, environ, errors
 from dispatcher.api import default_dispatcher
 from dispatcher.library import gemm_args
 from dispatcher.kinds import prepare_gemm
@@ -29,8 +29,44 @@ def test_mismatched_k():
 
 
 def test_unsupported_dtype():
-    with pytest.raises(errors.DtypeError, match="float64"):
+    """The message lists the dtypes really accepted: int32 as an output, never as an input."""
+    with pytest.raises(errors.DtypeError, match="float64") as info:
         dispatcher.gemm(np.ones((3, 4)), np.ones((4, 5)))
+    inputs, outputs = str(info.value).split("inputs: ")[1].split("; outputs: ")
+    assert inputs.split(", ") == list(dtypes.INPUT_TOKENS) and "int32" not in inputs
+    assert outputs.split(", ") == ["fp32", "fp16", "bf16", "int32"]
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), (" YES ", True), ("On", True),
+                                       ("0", False), ("false", False), ("no", False), ("OFF", False),
+                                       ("", False), (None, False)])
+def test_boolean_environment_values(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("DISPATCHER_AUTOTUNE", raising=False)
+    else:
+        monkeypatch.setenv("DISPATCHER_AUTOTUNE", value)
+    assert environ.flag("DISPATCHER_AUTOTUNE") is on
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "-1", "y", "enabled"])
+def test_boolean_environment_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("DISPATCHER_AUTOTUNE", value)
+    with pytest.raises(errors.ConfigError, match=f"DISPATCHER_AUTOTUNE='{value}' is not a boolean"):
+        environ.flag("DISPATCHER_AUTOTUNE")
+
+
+def test_every_boolean_environment_variable_goes_through_one_helper():
+    """No module reads a DISPATCHER_ switch with its own rule: every
+    os.environ read of a variable documented as a switch is environ.flag's."""
+    import pathlib
+    import re
+    root = pathlib.Path(dispatcher.__file__).parent
+    doc = (root.parent / "docs" / "reference.md").read_text()
+    switches = set(re.findall(r"`(DISPATCHER_[A-Z_]+)=1`", doc))
+    assert switches == {"DISPATCHER_AUTOTUNE", "DISPATCHER_TRACE_PLUGINS"}
+    for path in root.rglob("*.py"):
+        for name in switches:
+            assert not re.search(rf"(os\.environ|getenv)[^\n]*{name}", path.read_text()), (path, name)
 
 
 def test_mixed_input_dtypes():

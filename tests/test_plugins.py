@@ -147,7 +147,8 @@ def test_out_of_tree_plugin_with_its_own_problem_kind(tmp_path):
         a, b = q(3, 37, 29), q(29, 41)                   # b broadcast over the batch
         r = q(3, 41, 37).transpose(0, 2, 1)              # a strided residual view
         out = poison(np.empty((3, 37, 41), np.float32))
-        dispatcher.run("residual", a=a, b=b, residual=r, out=out, gamma=-0.5, alpha=2.0)
+        dispatcher.run("residual", a=a, b=b, residual=r, out=out, gamma=-0.5, alpha=2.0,
+                       options={"workers": 2})
         ref = 2.0 * np.matmul(a.astype(np.float64), b) - 0.5 * r
         print(max_rel(out, ref))
         try:
@@ -161,9 +162,57 @@ def test_out_of_tree_plugin_with_its_own_problem_kind(tmp_path):
     error, refused = proc.stdout.splitlines()
     assert float(error) <= 1e-5
     assert "residual has shape (3, 5, 41): its M dim is 5, expected 37" in refused
+    # The CLI runs it with every declared operand and parameter, and verifies it
+    # against the record's reference (a run without `residual` would fail in the kernel).
+    for layout in ("rcr", "crr"):
+        proc = _cli("run", "--variant", "residual", "--m", "37", "--n", "41", "--k", "29", "--layout", layout,
+                    "--repeat", "1", "--warmup", "0", "--verify", "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        row = json.loads(proc.stdout)
+        assert row["verified"] and row["max_rel"] <= 1e-5, row
     lines = [l for l in (ROOT / "examples" / "residual_gemm_plugin" / "residual_gemm" / "plugin.py")
              .read_text().splitlines()]
     assert len(lines) <= 150
+
+
+def test_cli_refuses_to_verify_a_variant_without_a_reference(monkeypatch, capsys):
+    """A variant whose kernel needs an extra operand and a parameter, and
+    whose record has no reference: `run --verify` is one line and exit 2,
+    before anything is built."""
+    import types
+
+    from dispatcher import cli
+    from dispatcher.plugin_api import Operand, Param, gemm_operands, registers
+    record = VariantRecord("scaled", "scaled", ("cpu",), ("fp32",), ("rcr",),
+                           operands=(*gemm_operands(), Operand("scale", ("m", "n"), dtype="out")),
+                           params=(Param("gamma", 1.0),))
+    manager = PluginManager()
+    manager.register(types.SimpleNamespace(dispatcher_register_variants=registers(record)), "scaled")
+    monkeypatch.setattr(cli, "get_manager", lambda: manager)
+    monkeypatch.setattr(cli.Dispatcher, "library", lambda *a: pytest.fail("built a kernel"))
+    assert cli.main(["run", "--variant", "scaled", "--m", "8", "--n", "8", "--k", "8", "--verify"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "variant 'scaled' takes scale, gamma and has no reference" in err[0], err
+
+
+def test_every_tile_library_name_a_template_uses_is_documented():
+    """docs/writing-a-plugin.md's tile-library table names every dcpu::,
+    T::, dispatcher_abi:: and DISPATCHER_ name the CPU templates of the
+    built-in and example plugins use, and every plugin_api export."""
+    import re
+
+    from dispatcher import plugin_api
+    doc = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+    templates = [*ROOT.glob("plugins/*/templates/cpu*"), *ROOT.glob("examples/*/*/templates/cpu*")]
+    assert len(templates) >= 6
+    used = set()
+    for path in templates:
+        used |= set(re.findall(r"\b(?:dcpu::|dispatcher_abi::|T::)[A-Za-z_]\w*(?:::[a-z_]+)?|\bDISPATCHER_[A-Z_]+",
+                               path.read_text()))
+    assert {"T::MC", "T::KC", "T::A::storage", "dcpu::parallel_tiles", "dcpu::thread_count",
+            "DISPATCHER_DEFINE_GEMM_EXPORTS"} <= used
+    assert not [n for n in sorted(used) if n not in doc]
+    assert not [n for n in plugin_api.__all__ if f"`{n}" not in doc]
 
 
 def test_plugin_api_skeleton_and_template_lookup(tmp_path):

@@ -17,6 +17,7 @@ import dispatcher
 from dispatcher import errors
 from dispatcher.api import Dispatcher
 from dispatcher.problem import GemmProblem
+from dispatcher.targets import cpu_isa
 from dispatcher.tile_engine import problems, results, sweep
 from dispatcher.tuning import TuningDatabase
 
@@ -37,6 +38,18 @@ def test_values_and_ranges_expand_to_the_product():
     assert {c.tile_n for c in plan.configs} == {32, 64, 96}
 
 
+def test_a_tile_the_default_micro_tile_does_not_divide_gets_one_that_does():
+    """Without a micro-tile axis each config takes its ISA's micro-tile that
+    divides its tile: the default where it does (so 2 x micro_m keeps it)."""
+    micro_m, micro_n = cpu_isa.active().micro_tile
+    plan = sweep.expand({"tile_m": {"values": [2 * micro_m, 32, 25]}, "tile_n": {"values": [64]},
+                         "tile_k": {"values": [32]}}, variant="regular", target="cpu", dtype="fp32", layout="rcr")
+    assert not plan.filtered and len(plan.configs) == 3
+    micro = {c.tile_m: (c.target_params["micro_m"], c.target_params["micro_n"]) for c in plan.configs}
+    assert micro[2 * micro_m] == (micro_m, micro_n)
+    assert all(tile % mm == 0 and 64 % mn == 0 for tile, (mm, mn) in micro.items())
+
+
 def test_ck_range_semantics():
     assert sweep.axis_values("tile_m", {"min": 64, "max": 256, "step": 256}) == [64]
     assert sweep.axis_values("tile_m", {"min": 64, "max": 256, "step": 64}) == [64, 128, 192, 256]
@@ -44,12 +57,14 @@ def test_ck_range_semantics():
 
 
 def test_invalid_combinations_are_filtered_with_reasons():
-    plan = sweep.expand({"tile_m": {"values": [24, 25]}, "tile_n": {"values": [64]},
-                         "tile_k": {"values": [32]}},
+    micro_m, micro_n = cpu_isa.active().micro_tile
+    plan = sweep.expand({"tile_m": {"values": [2 * micro_m, 2 * micro_m + 1]}, "tile_n": {"values": [micro_n]},
+                         "tile_k": {"values": [32]}, "micro_m": {"values": [micro_m]}},
                         variant="regular", target="cpu", dtype="fp32", layout="rcr")
     assert len(plan.configs) == 1
     (point, reason), = plan.filtered
-    assert point["tile_m"] == 25 and "not a multiple of the micro-tile" in reason
+    assert point["tile_m"] == 2 * micro_m + 1 and "not a multiple of the micro-tile" in reason
+    assert "divides it on ISA" in reason  # which micro-tile would fit this tile
     plan = sweep.expand({"reduction": {"values": ["atomic", "linear"]}, "tile_m": {"values": [24]},
                          "tile_n": {"values": [64]}, "tile_k": {"values": [32]}},
                         variant="stream_k", target="cpu", dtype="bf16", layout="rcr")

@@ -16,12 +16,11 @@ before any target filtering.
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 
 import attrs
 
 from ..errors import ConfigError
+from ..files import read_json
 from ..tile_engine.sweep import axis_values
 from .names import STRATEGIES, target_fields
 
@@ -89,10 +88,7 @@ def _values(value, where):
 def load(path_or_dict) -> dict:
     if isinstance(path_or_dict, dict):
         return path_or_dict
-    try:
-        return json.loads(Path(path_or_dict).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read legacy config {path_or_dict}: {e}") from None
+    return read_json(path_or_dict, "legacy config")
 
 
 def _old_format(raw, dtype, layout):

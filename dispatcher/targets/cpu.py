@@ -120,11 +120,31 @@ class CpuTarget:
         if micro:
             return micro
         if config.tile_m % o["micro_m"] or config.tile_n % o["micro_n"]:
+            fits = micro_tile_for(isa, [config.tile_m], [config.tile_n])
             return (f"tile {config.tile_m}x{config.tile_n} is not a multiple of the "
-                    f"micro-tile {o['micro_m']}x{o['micro_n']}")
+                    f"micro-tile {o['micro_m']}x{o['micro_n']}; "
+                    + (f"micro_m={fits[0]}, micro_n={fits[1]} divides it on ISA {isa.name}" if fits
+                       else f"no micro-tile of ISA {isa.name} divides it"))
         if config.layout[2] != "r":
             return "CPU kernels write row-major C (column-major C is run transposed)"
         return None
+
+    def fit_sweep(self, configs: list, axes) -> list:
+        """A sweep's configs, each with a micro-tile of its ISA that divides
+        its block tile (`micro_tile_for`: the ISA's default where it does),
+        unless the sweep's `axes` name the micro-tile. The defaults (12x32
+        on avx512, 6x16 on avx2) divide no tile of 32 or 64 rows; a config
+        no micro-tile fits keeps its default and is filtered, with a reason
+        that says so."""
+        if {"micro_m", "micro_n"} & set(axes):
+            return configs
+        fitted = []
+        for c in configs:
+            o = c.target_params
+            micro = micro_tile_for(cpu_isa.get(o["isa"]), [c.tile_m], [c.tile_n])
+            same = micro is None or micro == (o["micro_m"], o["micro_n"])
+            fitted.append(c if same else c.replace(micro_m=micro[0], micro_n=micro[1]))
+        return fitted
 
     def prelude(self, config) -> str:
         """C++ that defines `KernelTraits` and `KERNEL_NAME` for `config`;

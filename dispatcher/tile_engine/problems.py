@@ -6,20 +6,17 @@ are {"groups": [[M, N, K], ...]}.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ProblemError
+from ..files import read_json
 
 
 def load(path_or_list, kind: str) -> list:
     """[(M, N, K), ...] for kind "gemm", [[(M, N, K), ...], ...] for "grouped"."""
     data = path_or_list
     if isinstance(path_or_list, (str, Path)):
-        try:
-            data = json.loads(Path(path_or_list).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ProblemError(f"cannot read problem file {path_or_list}: {e}") from None
+        data = read_json(path_or_list, "problem file", ProblemError)
     if isinstance(data, dict):
         unknown = set(data) - {"problems"}
         if unknown:

@@ -6,6 +6,7 @@ measured; `done_keys` lets `--resume` skip them."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import read_text
 
 GEMM_COLUMNS = ["kernel", "problem_idx", "M", "N", "K", "device", "latency_ms", "tflops", "non_zero",
                 "max_rel", "verified", "status", "reason"]
@@ -98,8 +100,7 @@ def read(path) -> list:
         path = path / "results.csv"
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return list(csv.DictReader(io.StringIO(read_text(path, "results file"), newline="")))
 
 
 def done_keys(out_dir) -> set:

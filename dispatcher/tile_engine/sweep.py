@@ -12,15 +12,14 @@ the target or variant cannot build is filtered and counted with its reason.
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter
-from pathlib import Path
 
 import attrs
 
 from .. import targets
 from ..config import KernelConfig
 from ..errors import ConfigError
+from ..files import read_json
 from ..plugins import get_manager
 from ..records import Option
 
@@ -40,12 +39,7 @@ class SweepPlan:
 def load(path_or_dict) -> dict:
     if isinstance(path_or_dict, dict):
         return path_or_dict
-    try:
-        raw = json.loads(Path(path_or_dict).read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read sweep config {path_or_dict}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"sweep config {path_or_dict} is not valid JSON: {e}") from None
+    raw = read_json(path_or_dict, "sweep config")
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep config {path_or_dict} must be a JSON object of axes, "
                           f"got a {type(raw).__name__}")
@@ -107,9 +101,9 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
         base["dtype_c"] = out_dtype
     configs, filtered = {}, []
     names = list(values)
-    for combo in itertools.product(*(values[n] for n in names)):
-        point = dict(zip(names, combo))
-        config = KernelConfig.create(**base, **point)
+    points = [dict(zip(names, combo)) for combo in itertools.product(*(values[n] for n in names))]
+    made = targets.get(target).fit_sweep([KernelConfig.create(**base, **p) for p in points], names)
+    for point, config in zip(points, made):
         reasons = config.problems()
         if reasons:
             filtered.append((point, "; ".join(reasons)))

@@ -30,8 +30,8 @@ import torch
 import dispatcher
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, ProblemError
-from dispatcher.torch.tensors import (check_readable, column_major, for_target, from_target,
-                                      output_dtype, readable, target_of, token)
+from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
+                                      out_dtype_of, output_dtype, readable, target_of, token)
 
 _CONFIGS: dict = {}
 
@@ -90,6 +90,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
 def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
                autotune=None):
     _check_shapes(a, b)
+    device_of(a, b, c)  # torch routes a call with any meta tensor here: real and meta mixed is refused
     return a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
 
 
@@ -143,7 +144,7 @@ def autocast(*tensors) -> tuple:
     unchanged when autocast is off. Differentiable (a cast), and traced by
     torch.compile like any cast."""
     device = next((t.device.type for t in tensors if t is not None), None)
-    if device is None or not torch.is_autocast_enabled(device):
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):  # meta has no autocast
         return tensors
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
@@ -167,8 +168,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     floating inputs are cast to the autocast dtype first, as for torch.mm.
     """
     a, b, c = autocast(a, b, c)
-    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype, variant, config_key(config),
-                                          autotune)
+    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype_of(out_dtype), variant,
+                                          config_key(config), autotune)
 
 
 # ------------------------------------------------------------ grouped_mm
@@ -179,6 +180,10 @@ def _check_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
     if a.shape[1] != b.shape[1] or offsets.shape[0] != b.shape[0]:
         raise ProblemError(f"a {tuple(a.shape)}, b {tuple(b.shape)} and offsets {tuple(offsets.shape)} "
                            "do not fit: a's K must be b's dim 1, and offsets needs one entry per group")
+    if offsets.dtype != torch.int32:
+        raise ProblemError(f"offsets must be torch.int32 cumulative row ends, got {offsets.dtype}; "
+                           "pass offsets.to(torch.int32)")
+    device_of(a, b, offsets)  # the fake implementation too: real and meta mixed is refused
 
 
 @torch.library.custom_op("gemm_dispatcher::grouped_mm", mutates_args=())
@@ -227,6 +232,7 @@ def _grouped_mm_grad_b(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tenso
 
 @_grouped_mm_grad_b.register_fake
 def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
+    device_of(a, grad, offsets)
     g, k, n = offsets.shape[0], a.shape[1], grad.shape[1]
     return a.new_empty((g, n, k) if transposed else (g, k, n))
 
@@ -266,5 +272,5 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotun
     offsets[-1] zero. config, autotune: as for `gemm` (dB, a list-form
     grouped GEMM, is not autotuned).
     """
-    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype, alpha, config_key(config),
-                                                autotune)
+    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype_of(out_dtype), alpha,
+                                                config_key(config), autotune)

@@ -25,9 +25,21 @@ def token(dtype: torch.dtype) -> str:
     """The dispatcher dtype token of a torch dtype."""
     found = torch_types()[0].get(dtype)
     if found is None:
-        supported = ", ".join(str(d) for d in torch_types()[0])
-        raise DtypeError(f"torch dtype {dtype} is not supported; supported: {supported}")
+        names = {role: ", ".join(str(d) for d, (numpy, _) in torch_types()[0].items()
+                                 if dtypes.get(numpy).token in tokens)
+                 for role, tokens in (("inputs", dtypes.INPUT_TOKENS), ("outputs", dtypes.OUTPUT_TOKENS))}
+        raise DtypeError(f"torch dtype {dtype} is not supported; inputs: {names['inputs']}; "
+                         f"outputs: {names['outputs']}")
     return dtypes.get(found[0]).token
+
+
+def out_dtype_of(out_dtype) -> torch.dtype | None:
+    """An `out_dtype` as the ops' schema takes it (a torch dtype): a torch
+    dtype, or any name `dispatcher.gemm` takes ("fp16", "bfloat16", a numpy
+    dtype), or None."""
+    if out_dtype is None or isinstance(out_dtype, torch.dtype):
+        return out_dtype
+    return torch_dtype(dtypes.get(out_dtype).token)
 
 
 def torch_dtype(token_: str) -> torch.dtype:
@@ -41,13 +53,20 @@ def output_dtype(a: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
     return torch_dtype(dtypes.output_for(token(a.dtype), requested).token)
 
 
-def target_of(*tensors) -> str:
-    """The target that runs on these tensors' device: "cpu" or "cuda"."""
+def device_of(*tensors) -> torch.device:
+    """The one device of these tensors (None entries skipped), or a
+    ProblemError: the fake implementations ask this too, so a call mixing
+    real and meta tensors is refused before anything is returned."""
     devices = {t.device for t in tensors if t is not None}
     if len(devices) > 1:
         raise ProblemError(f"operands are on different devices ({', '.join(sorted(map(str, devices)))}); "
                            "move them to one device")
-    device = devices.pop()
+    return devices.pop()
+
+
+def target_of(*tensors) -> str:
+    """The target that runs on these tensors' device: "cpu" or "cuda"."""
+    device = device_of(*tensors)
     if device.type not in ("cpu", "cuda"):
         raise ProblemError(f"tensors on {device.type!r} are not supported; "
                            "gemm-dispatcher runs on 'cpu' and 'cuda' tensors")

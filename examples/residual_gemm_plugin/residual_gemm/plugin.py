@@ -12,7 +12,9 @@ call and hands the kernel the residual as `args->extra[0]` and gamma as
 
 from pathlib import Path
 
-from dispatcher.plugin_api import (Operand, Param, VariantRecord, gemm_operands, launches_gemm,
+import numpy as np
+
+from dispatcher.plugin_api import (WORKERS, Operand, Param, VariantRecord, gemm_operands, launches_gemm,
                                    registers, renders)
 
 VARIANT = "residual"
@@ -29,6 +31,10 @@ RECORD = VariantRecord(
               Operand("residual", ("m", "n"), batched=True, dtype="out",
                       doc="added after the product, scaled by gamma (the size of out)")),
     params=(Param("gamma", 1.0, "scale of the residual"),),
+    launch_options=(WORKERS,),  # options={"workers": n}: the template's thread_count reads it
+    # What `gemm-dispatcher run --variant residual --verify` checks against (float64 operands).
+    reference=lambda ops, params: (params["alpha"] * np.matmul(ops["a"], ops["b"])
+                                   + params["gamma"] * ops["residual"]),
     description="GEMM + scaled residual add (an example plugin)",
 )
 
