@@ -118,11 +118,37 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     return session.finish(result, host_out), plan
 
 
-# The plans of plain `gemm(a, b)` calls on numpy arrays (the default
-# dispatcher, no c, out, beta, out_dtype, config or options), by variant and
-# the operands' shapes, strides and dtypes: the commonest call finds its plan
-# without the general lookup (benchmarks/call_overhead.py, cpu_call).
-_PLAIN_HOST: dict = {}
+# The plans of plain `gemm(a, b)` calls (the default dispatcher; no c, out,
+# beta, out_dtype, config or options) on numpy arrays or torch CUDA tensors,
+# by `_plain_key`: the commonest call finds its plan without the general
+# lookup and goes straight to the kernel (benchmarks/call_overhead.py).
+_PLAIN: dict = {}
+
+
+def _plain_key(a, b, variant, strict, autotune):
+    """What a plain call's plan depends on: numpy arrays' shapes, strides and
+    dtypes; a torch tensor's also its device, its current stream and the
+    alignment class of its address (see `plans._alignment`); None for
+    other operands."""
+    if type(a) is np.ndarray and type(b) is np.ndarray:
+        return (variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict, autotune)
+    if cuda_tensors(a, b):
+        device = a.get_device()
+        return (variant, a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, b.get_device(),
+                current_stream(device), a.data_ptr() % plans.ALIGNMENT == 0,
+                b.data_ptr() % plans.ALIGNMENT == 0, strict, autotune)
+    return None
+
+
+def cuda_tensors(a, b) -> bool:
+    """Whether a and b are torch CUDA tensors (torch is never imported here)."""
+    module = type(a).__module__
+    return module.startswith("torch") and type(b) is type(a) and getattr(a, "is_cuda", False) and b.is_cuda
+
+
+def current_stream(device: int) -> int:
+    from .targets.cuda_runtime import runtime
+    return runtime("torch").current_stream(device)
 
 
 def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, config=None, options=None,
@@ -218,12 +244,11 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
     `$DISPATCHER_AUTOTUNE`.
     """
-    plain = (type(a) is np.ndarray and type(b) is np.ndarray and c is None and out is None and beta == 0
-             and out_dtype is None and config is None and options is None and dispatcher is None
-             and (target == "auto" or target == "cpu") and (type(alpha) is float or type(alpha) is int))
-    if plain:
-        found = _PLAIN_HOST.get((variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict,
-                                 autotune))
+    key = None
+    if (c is None and out is None and beta == 0 and out_dtype is None and config is None and options is None
+            and dispatcher is None and target == "auto" and (type(alpha) is float or type(alpha) is int)):
+        key = _plain_key(a, b, variant, strict, autotune)
+        found = _PLAIN.get(key) if key is not None else None
         if found is not None and found.dispatcher is dispatch._DEFAULT \
                 and found.generation == found.dispatcher.manager.generation \
                 and found.dispatcher.manager is plugins._MANAGER:
@@ -238,8 +263,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     result, made = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype,
                          target=target, config=config, options=options, strict=strict, autotune=autotune,
                          dispatcher=dispatcher)
-    if plain and made.problem is not None and made.layout.names[:2] == (roles["a"], roles["b"]):
-        _PLAIN_HOST[variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict, autotune] = made
+    if key is not None and made.runs_plain():
+        _PLAIN[key] = made
     return result
 
 

@@ -149,25 +149,39 @@ class Plan(_Launches):
         self._staged = False  # the first call's operands were staged (the target's `aligned`)
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
 
+    def runs_plain(self) -> bool:
+        """Whether `run_plain` may run the plan's calls: a single launch of
+        a, b and a new result (not transposed) straight into the bound
+        kernel's entry point."""
+        names = self.layout.names
+        return self._direct is not None and names[:2] == (self.names["a"], self.names["b"]) and len(names) == 3
+
     def run_plain(self, a, b, alpha: float):
-        """A plain `gemm(a, b, alpha=alpha)` on numpy arrays with the plan's
-        specs, into a new result (`api.gemm`'s memo of such calls): the
-        kernel's entry point once bound, with nothing else to check."""
+        """A plain `gemm(a, b, alpha=alpha)` on arrays with the plan's specs
+        (numpy arrays, or torch tensors on the planned device and stream)
+        into a new result (`api.gemm`'s memo of such calls): nothing is left
+        to check, the kernel's entry point is called with the plan's
+        argument block re-pointed."""
         layout = self.layout
         if layout.integer_output:
             _integer_output_scalars(layout.result_dtype, alpha=alpha, beta=0.0)
-        result = np.empty(layout.result_shape, layout.result_dtype)
-        direct = self._direct
-        if direct is None:
-            self._launch({self.names["a"]: a, self.names["b"]: b}, result, (alpha, 0.0, 1.0, 1.0), (), np.empty)
-            return result
-        entry, template, library = direct
+        entry, template, library = self._direct
         args = GemmArgs.from_buffer_copy(template)
-        args.a, args.b, args.c, args.alpha = data_pointer(a), data_pointer(b), data_pointer(result), alpha
+        if type(a) is np.ndarray:
+            result = np.empty(layout.result_shape, layout.result_dtype)
+            args.a, args.b, args.c = data_pointer(a), data_pointer(b), data_pointer(result)
+        else:  # a torch tensor
+            result = a.new_empty(layout.result_shape, dtype=self._torch_dtype())
+            args.a, args.b, args.c = a.data_ptr(), b.data_ptr(), result.data_ptr()
+        args.alpha = alpha
         status = entry(args)
         if status:
             library.check(status)
         return result
+
+    def _torch_dtype(self):
+        from .targets.cuda_memory import torch_types
+        return torch_types()[1][np.dtype(self.layout.result_dtype)]
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

@@ -17,7 +17,7 @@ from dispatcher.api import Dispatcher
 from dispatcher.cli import _at_least, _groups
 from dispatcher.config import MAX_TILE, KernelConfig
 from dispatcher.plugins import get_manager
-from dispatcher.problem import prepare_gemm
+from dispatcher.kinds import prepare_gemm
 from dispatcher.records import MAX_WORKERS, resolve_launch_options
 from dispatcher.targets import cpu_isa
 from dispatcher.targets.cpu import CPU
@@ -221,7 +221,7 @@ def test_negative_strides_of_one_byte_are_named():
 
 
 def test_declared_kinds_refuse_a_one_byte_negative_stride():
-    with pytest.raises(errors.ProblemError, match="negative or not whole elements"):
+    with pytest.raises(errors.LayoutError, match="negative strides"):
         dispatcher.matmul(np.ones((2, 3, 1), np.int8)[:, ::-1], np.ones((1, 2), np.int8))
 
 

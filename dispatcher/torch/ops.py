@@ -35,6 +35,26 @@ from dispatcher.torch.tensors import (check_readable, column_major, device_of, f
 
 _CONFIGS: dict = {}
 
+# The operators are defined with `torch.library.Library` (a schema, a
+# Python kernel for CPU and CUDA, a fake kernel, autograd), not
+# `torch.library.custom_op`, whose Python wrapper layers cost about 10-20 us
+# a call (pytorch issues 139500, 177109); opcheck, fake tensors, autograd
+# and torch.compile see the same operator either way.
+_LIBRARY = torch.library.Library("gemm_dispatcher", "DEF")
+
+
+def _operator(schema: str, kernel, fake, backward=None, setup_context=None):
+    """Define `gemm_dispatcher::<schema>` with its kernel on CPU and CUDA,
+    its fake (meta) kernel and, if given, its autograd formula."""
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    for key in ("CPU", "CUDA"):
+        _LIBRARY.impl(name, kernel, key)
+    torch.library.register_fake(f"gemm_dispatcher::{name}", fake, lib=_LIBRARY)
+    if backward is not None:
+        torch.library.register_autograd(f"gemm_dispatcher::{name}", backward, setup_context=setup_context,
+                                        lib=_LIBRARY)
+
 
 def config_key(config) -> Optional[str]:
     """The key an op takes for `config` (a KernelConfig, a dict of config
@@ -70,7 +90,6 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor):
 
 
 # ------------------------------------------------------------------ gemm
-@torch.library.custom_op("gemm_dispatcher::gemm", mutates_args=())
 def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
           beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
           config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
@@ -79,6 +98,9 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
     check_readable("a", a)
     check_readable("b", b)
     target = target_of(a, b, c)
+    if c is None and out_dtype is None and config is None:  # the plain call: dispatcher.gemm's fastest path
+        return from_target(dispatcher.gemm(for_target(a, target), for_target(b, target), alpha=alpha,
+                                           variant=variant, autotune=autotune))
     out = a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
     dispatcher.gemm(for_target(a, target), for_target(b, target), c=for_target(c, target),
                     alpha=alpha, beta=beta, out=for_target(out, target), variant=variant,
@@ -86,7 +108,6 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
     return out
 
 
-@_gemm.register_fake
 def _gemm_fake(a, b, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular", config=None,
                autotune=None):
     _check_shapes(a, b)
@@ -117,7 +138,9 @@ def _gemm_backward(ctx, grad):
     return grad_a, grad_b, grad_c, None, None, None, None, None, None
 
 
-_gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+_operator("gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=0.0, "
+          "ScalarType? out_dtype=None, str variant='regular', str? config=None, bool? autotune=None) -> Tensor",
+          _gemm, _gemm_fake, _gemm_backward, _gemm_setup)
 
 
 def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -186,7 +209,6 @@ def _check_grouped(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
     device_of(a, b, offsets)  # the fake implementation too: real and meta mixed is refused
 
 
-@torch.library.custom_op("gemm_dispatcher::grouped_mm", mutates_args=())
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                 out_dtype: Optional[torch.dtype] = None, alpha: float = 1.0,
                 config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
@@ -202,13 +224,11 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
     return from_target(result)
 
 
-@_grouped_mm.register_fake
 def _grouped_mm_fake(a, b, offsets, out_dtype=None, alpha=1.0, config=None, autotune=None):
     _check_grouped(a, b, offsets)
     return a.new_empty((a.shape[0], b.shape[2]), dtype=output_dtype(a, out_dtype))
 
 
-@torch.library.custom_op("gemm_dispatcher::grouped_mm_grad_b", mutates_args=())
 def _grouped_mm_grad_b(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, alpha: float,
                        transposed: bool) -> torch.Tensor:
     """dB of grouped_mm: alpha * a[rows_g]^T @ grad[rows_g] per group, (G, K, N)
@@ -230,11 +250,14 @@ def _grouped_mm_grad_b(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tenso
     return out
 
 
-@_grouped_mm_grad_b.register_fake
 def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
     device_of(a, grad, offsets)
     g, k, n = offsets.shape[0], a.shape[1], grad.shape[1]
     return a.new_empty((g, n, k) if transposed else (g, k, n))
+
+
+_operator("grouped_mm_grad_b(Tensor a, Tensor grad, Tensor offsets, float alpha, bool transposed) -> Tensor",
+          _grouped_mm_grad_b, _grouped_mm_grad_b_fake)
 
 
 def _grouped_mm_setup(ctx, inputs, output):
@@ -259,7 +282,9 @@ def _grouped_mm_backward(ctx, grad):
     return grad_a, grad_b, None, None, None, None, None
 
 
-_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+_operator("grouped_mm(Tensor a, Tensor b, Tensor offsets, ScalarType? out_dtype=None, float alpha=1.0, "
+          "str? config=None, bool? autotune=None) -> Tensor",
+          _grouped_mm, _grouped_mm_fake, _grouped_mm_backward, _grouped_mm_setup)
 
 
 def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotune=None):
