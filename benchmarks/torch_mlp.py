@@ -1,7 +1,17 @@
 """A transformer MLP block with dispatcher.torch.Linear vs torch.nn.Linear, in one run.
 
     python benchmarks/torch_mlp.py [--repeat 30] [--out DIR]        # H200: 4096 -> 14336 -> 4096, bf16, 8192 tokens
+    python benchmarks/torch_mlp.py --grid [--modes ...] --out DIR  # H200: d 1024/2048/4096 x tokens 1024/4096/8192
     python benchmarks/torch_mlp.py --smoke --out /tmp/torch_mlp    # CPU, tiny sizes: checks the script runs
+
+--grid runs every cell of d in {1024, 2048, 4096} (hidden 2.75 d, rounded
+to 64) and tokens in {1024, 4096, 8192}, and reports per cell and mode the
+host time (what issuing one step costs the CPU: perf_counter around the
+step, before any synchronize) beside the GPU time (CUDA events), so each
+cell says which of the two limits it: a step whose host time exceeds its
+GPU time leaves the GPU idle. Modes add "graphed" (the step captured in a
+CUDA graph and replayed: no host work but the replay) to eager and
+compiled; --modes picks some.
 
 The block is Linear(d, h) -> GELU(tanh) -> Linear(h, d), no bias (as in
 Llama-style blocks), bf16. Four modes: forward (under no_grad) and
@@ -41,6 +51,9 @@ from dispatcher.problem import GemmProblem
 from dispatcher.verify import max_rel
 
 MODES = ("forward eager", "forward compiled", "fwd+bwd eager", "fwd+bwd compiled")
+GRID_MODES = ("forward eager", "forward graphed", "forward compiled", "fwd+bwd eager", "fwd+bwd graphed",
+              "fwd+bwd compiled")
+GRID_D, GRID_TOKENS = (1024, 2048, 4096), (1024, 4096, 8192)
 
 
 def mlp(d: int, h: int, device, dtype) -> torch.nn.Module:
@@ -99,6 +112,87 @@ def time_modes(models: dict, x, grad, clock, repeat: int, warmup: int, rounds: i
         print(f"{mode:17s} " + "  ".join(f"{n} {t:8.3f} ms" for n, t in out[mode].items())
               + f"  ratio {out[mode]['nn.Linear'] / out[mode]['dispatcher']:.3f}", flush=True)
     return out
+
+
+def graphed(model, x, grad, backward: bool):
+    """One step of `model` captured in a CUDA graph (after warm-up steps on a
+    side stream, as torch's docs do): a function that replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step(model, x, grad, backward)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    for p in model.parameters():
+        p.grad = None
+    with torch.cuda.graph(graph):
+        if backward:
+            model(x).backward(grad)
+        else:
+            with torch.no_grad():
+                model(x)
+    return graph.replay
+
+
+def host_and_gpu_ms(fn, repeat: int, warmup: int) -> tuple:
+    """(median host ms, median GPU ms) of fn: host time is perf_counter
+    around the call alone, GPU time CUDA events around it, each step
+    synchronized after both are read."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end))
+    return statistics.median(host), statistics.median(gpu)
+
+
+def grid(args) -> dict:
+    """Every cell of the grid (module docstring): per mode each contender's
+    host and GPU ms, the ratio nn.Linear / dispatcher of GPU ms, and which
+    of host or GPU bounds the dispatcher's step."""
+    device, dtype, cells = torch.device("cuda"), torch.bfloat16, []
+    for d in GRID_D:
+        h = round(2.75 * d / 64) * 64
+        for tokens in GRID_TOKENS:
+            base = mlp(d, h, device, dtype)
+            models = {"nn.Linear": base, "dispatcher": dt.swap_linears(copy.deepcopy(base))}
+            gen = torch.Generator(device=device).manual_seed(1)
+            x = torch.randn(tokens, d, generator=gen, device=device, dtype=dtype)
+            grad = torch.randn(tokens, d, generator=gen, device=device, dtype=dtype)
+            cell = {"d": d, "h": h, "tokens": tokens, "modes": {}}
+            for mode in args.modes.split(","):
+                backward, kind = mode.startswith("fwd+bwd"), mode.split()[-1]
+                row = {}
+                for name, model in models.items():
+                    if kind == "graphed":
+                        fn = graphed(model, x, grad, backward)
+                    else:
+                        run = torch.compile(model, fullgraph=True) if kind == "compiled" else model
+                        fn = lambda run=run: step(run, x, grad, backward)  # noqa: E731
+                    host, gpu = host_and_gpu_ms(fn, args.repeat, args.warmup)
+                    row[name] = {"host_ms": host, "gpu_ms": gpu}
+                row["ratio"] = row["nn.Linear"]["gpu_ms"] / row["dispatcher"]["gpu_ms"]
+                mine = row["dispatcher"]
+                row["dispatcher_limited_by"] = "host" if mine["host_ms"] > 0.9 * mine["gpu_ms"] else "kernels"
+                cell["modes"][mode] = row
+                print(f"d {d:5d} tokens {tokens:5d} {mode:17s} ratio {row['ratio']:.3f}  dispatcher host "
+                      f"{mine['host_ms']:.3f} / gpu {mine['gpu_ms']:.3f} ms ({row['dispatcher_limited_by']})",
+                      flush=True)
+            cells.append(cell)
+            del models, base
+            torch.cuda.empty_cache()
+    return {"environment": versions(device), "cells": cells,
+            "timing": {"repeat": args.repeat, "warmup": args.warmup, "statistic": "median",
+                       "ratio": "nn.Linear GPU ms / dispatcher GPU ms (above 1: the dispatcher is faster)"}}
 
 
 def agreement(models: dict, x, grad) -> dict:
@@ -171,7 +265,19 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, few steps, aot_eager compile")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only draw the PNG of an earlier run's JSON")
+    ap.add_argument("--grid", action="store_true", help="every cell of d x tokens (module docstring)")
+    ap.add_argument("--modes", default=",".join(GRID_MODES), help="--grid's modes, comma-separated")
     args = ap.parse_args()
+    if args.grid:
+        if not torch.cuda.is_available():
+            sys.exit("--grid needs a CUDA GPU")
+        unknown = set(args.modes.split(",")) - set(GRID_MODES)
+        if unknown:
+            ap.error(f"unknown mode(s) {', '.join(sorted(unknown))}; modes: {', '.join(GRID_MODES)}")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "torch_mlp_grid.json").write_text(json.dumps(grid(args), indent=1))
+        return
     if args.plot:
         path = Path(args.plot)
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
