@@ -185,7 +185,7 @@ def test_variant_and_autotune_reach_the_backward_gemms(monkeypatch):
     assert seen == [("stream_k", True)] * 3
     assert torch.allclose(out, a.detach() @ b.detach(), rtol=1e-5, atol=1e-5)
     seen.clear()
-    dt.Linear(16, 4, autotune=False)(a)
+    dt.Linear(16, 4, bias=False, autotune=False)(a)  # with a bias: the fused linear op (dispatcher.run)
     assert seen == [("regular", False)]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dispatcher.torch.ops import config_key, gemm
+from dispatcher.plugins import get_manager
+from dispatcher.torch.ops import config_key, gemm, linear
 
 
 class Linear(torch.nn.Linear):
@@ -40,15 +41,24 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = gemm(x.reshape(-1, self.in_features), self.weight.t(), variant=self.variant,
-                 config=self.config, autotune=self.autotune)
-        if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
-            y = y + self.bias.to(y.dtype)
+        rows = x.reshape(-1, self.in_features)
+        if self.bias is None or not _fuses_bias(self.variant):
+            y = gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
+            if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
+                y = y + self.bias.to(y.dtype)
+        else:  # the bias in the kernel's epilogue
+            y = linear(rows, self.weight, self.bias, variant=self.variant, config=self.config,
+                       autotune=self.autotune)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, variant={self.variant!r}, config={self.config!r}, "
                 f"autotune={self.autotune!r}")
+
+
+def _fuses_bias(variant: str) -> bool:
+    """Whether `variant` declares a bias operand (a fused epilogue)."""
+    return any(o.name == "bias" for o in get_manager().variant(variant).operands)
 
 
 def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:

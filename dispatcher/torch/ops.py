@@ -29,7 +29,7 @@ import torch
 
 import dispatcher
 from dispatcher.config import KernelConfig
-from dispatcher.errors import ConfigError, ProblemError
+from dispatcher.errors import ConfigError, ProblemError, UnsupportedProblem
 from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
                                       out_dtype_of, output_dtype, readable, target_of, token)
 
@@ -141,6 +141,63 @@ def _gemm_backward(ctx, grad):
 _operator("gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=0.0, "
           "ScalarType? out_dtype=None, str variant='regular', str? config=None, bool? autotune=None) -> Tensor",
           _gemm, _gemm_fake, _gemm_backward, _gemm_setup)
+
+
+# ---------------------------------------------------------------- linear
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            variant: str = "regular", config: Optional[str] = None,
+            autotune: Optional[bool] = None) -> torch.Tensor:
+    """x @ weight^T + bias in one kernel: the bias is the GEMM's fused
+    epilogue (one value per output column), as cuBLAS's addmm fuses it."""
+    _check_shapes(x, weight.t())
+    check_readable("x", x)
+    check_readable("weight", weight)
+    target = target_of(x, weight, bias)
+    bias = None if bias is None else bias.to(x.dtype)
+    a, b = for_target(x, target), for_target(weight.t(), target)
+    try:
+        return from_target(dispatcher.run(variant, a=a, b=b, bias=for_target(bias, target),
+                                          config=_config(config), autotune=autotune))
+    except UnsupportedProblem:  # no fused kernel reads these operands in place (cuda: misaligned ones)
+        y = from_target(dispatcher.gemm(a, b, variant=variant, autotune=autotune))
+        return y if bias is None else y.add_(bias)
+
+
+def _linear_fake(x, weight, bias=None, variant="regular", config=None, autotune=None):
+    _check_shapes(x, weight.t())
+    device_of(x, weight, bias)
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, variant, _, autotune = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.selection = dict(variant=variant, autotune=autotune)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _linear_backward(ctx, grad):
+    """dX = dY @ W, dW = dY^T @ X (each in its operand's layout), db = sum of dY's rows."""
+    x, weight = ctx.saved_tensors
+    need_x, need_w, need_b = (*ctx.needs_input_grad, False, False, False)[:3]
+    dy = _operand(grad, x.dtype)
+    grad_x = _product_like(x, dy, weight, 1.0, ctx.selection) if need_x else None
+    grad_w = _product_like(weight, dy.t(), x, 1.0, ctx.selection) if need_w else None
+    grad_b = grad.sum(0).to(ctx.bias_dtype) if need_b else None
+    return grad_x, grad_w, grad_b, None, None, None
+
+
+_operator("linear(Tensor x, Tensor weight, Tensor? bias=None, str variant='regular', str? config=None, "
+          "bool? autotune=None) -> Tensor", _linear, _linear_fake, _linear_backward, _linear_setup)
+
+
+def linear(x, weight, bias=None, *, variant="regular", config=None, autotune=None):
+    """`torch.ops.gemm_dispatcher.linear`: x @ weight^T + bias with the bias
+    fused into the kernel (x 2-D, weight (out, in) as nn.Linear holds it),
+    differentiable and traceable. variant: one whose record declares a
+    bias operand (regular); config, autotune: as for `gemm`."""
+    x, weight, bias = autocast(x, weight, bias)
+    return torch.ops.gemm_dispatcher.linear(x, weight, bias, variant, config_key(config), autotune)
 
 
 def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
