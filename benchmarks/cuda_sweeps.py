@@ -71,17 +71,22 @@ def test_configs() -> list:
 
 def everything() -> list:
     seen = {}
-    for c in catalog() + catalog(("regular",), ("fp8_e4m3",)) + test_configs() + batched_configs():
+    for c in catalog() + catalog(("regular",), ("fp8_e4m3",)) + test_configs() + batched_configs() + torch_configs():
         seen[c.name] = c
     return list(seen.values())
 
 
 def torch_configs() -> list:
     """The catalogs dispatcher.torch's GPU tests and benchmarks/torch_mlp.py
-    select from: a Linear's forward runs rcr, its dX rrr and its dW crr; a
-    grouped_mm's forward on transposed expert weights rcr, its dA rrr and
-    its dB (a grouped_gemm) crr."""
-    return catalog(("regular", "grouped"), ("bf16",), ("rcr", "rrr", "crr"))
+    select from: a Linear's forward runs rcr (with a bias: its per-column
+    bias epilogue), its dX rrr and its dW crr; a grouped_mm's forward on
+    transposed expert weights rcr, its dA rrr and its dB (a grouped_gemm) crr."""
+    from dispatcher.plugins import get_manager
+
+    biased = [KernelConfig.create(variant="regular", target="cuda", dtype="bf16", layout="rcr", bias="col",
+                                  **fields)
+              for fields in get_manager().variant("regular").default_configs("cuda", "bf16", "rcr")]
+    return catalog(("regular", "grouped"), ("bf16",), ("rcr", "rrr", "crr")) + biased
 
 
 SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "batched": batched_configs,

@@ -212,10 +212,12 @@ class Plan(_Launches):
         if core[1] and layout.c is not None:
             c = arrays[layout.c]
             if not _same_elements(c, result):
-                if out is not None and memory.overlaps(c, out):
+                if out is not None and memory.overlaps(c, out) and not _same_elements(c, out):
                     raise AliasingError(f"{layout.c} partially overlaps {names['out']}; it may be "
                                         f"{names['out']} itself, or a view of exactly its elements")
                 memory.copy(result, c, stream)
+        elif core[1] and layout.staged:  # beta scales out itself: the temporary starts as out
+            memory.copy(result, out, stream)
         if layout.problem.k == 0:
             self._empty_product(result, core[1], params, memory, allocate)
         else:
