@@ -1,0 +1,1 @@
+"""The `swiglu` example variant: out = silu(x @ w1) * (x @ w3) in one kernel."""
