@@ -66,6 +66,11 @@ def test_configs() -> list:
         for red in ("linear", "atomic"):
             out.append(KernelConfig.create(variant="stream_k", dtype="bf16", layout="rcr", tile_k=64,
                                            decomposition=dec, splits=splits, reduction=red, **TILE))
+    for dtype, layout, splits in [("bf16", layout, 3) for layout in ("rcr", "rrr", "crr", "ccr")] + \
+            [("bf16", "rcr", 8), ("fp8_e4m3", "rcr", 4)]:  # test_stream_k_tree's, and the determinism test's
+        out.append(KernelConfig.create(variant="stream_k", dtype=dtype, layout=layout,
+                                       tile_k=cuda.CUDA.default_tile_k(dtype), decomposition="split_k",
+                                       splits=splits, reduction="tree", **TILE))
     return out
 
 

@@ -74,11 +74,40 @@ def test_stream_k_modes(reduction, decomposition, splits, gen):
         assert err <= tol, (reduction, decomposition, shape, err)
 
 
-def test_stream_k_linear_is_deterministic(gen):
+@pytest.mark.parametrize("reduction, decomposition, splits", [("linear", "stream_k", 1), ("tree", "split_k", 8)])
+def test_stream_k_linear_and_tree_are_deterministic(reduction, decomposition, splits, gen):
     a, b = operand(256, 8192, "bf16", "r", gen), operand(8192, 256, "bf16", "c", gen)
-    cfg = config("stream_k", "bf16", "rcr", reduction="linear", decomposition="stream_k")
+    cfg = config("stream_k", "bf16", "rcr", reduction=reduction, decomposition=decomposition, splits=splits)
     outs = [dispatcher.gemm(a, b, target="cuda", variant="stream_k", config=cfg) for _ in range(5)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+# The tree reduction (split_k slices' fp32 partials in the workspace, then a
+# pairwise reduction kernel): every layout, many slices, K that leaves a
+# short last slice (1064, 4100), one slice only (8, 100 with tile_k 64), and
+# fp8 (tile_k 128, fp16 output). benchmarks/cuda_sweeps.py builds these.
+TREE_KERNELS = [("bf16", layout, 3) for layout in ("rcr", "rrr", "crr", "ccr")] + \
+    [("bf16", "rcr", 8), ("fp8_e4m3", "rcr", 4)]
+TREE_SHAPES = [(136, 200, 4096), (256, 256, 8192), (1000, 1032, 1064), (64, 64, 100), (8, 8, 8),
+               (96, 160, 4100)]
+
+
+@pytest.mark.parametrize("dtype, layout, splits", TREE_KERNELS)
+def test_stream_k_tree(dtype, layout, splits, gen):
+    for shape in TREE_SHAPES:
+        err, tol = run("stream_k", dtype, layout, shape, gen, reduction="tree", decomposition="split_k",
+                       splits=splits)
+        assert err <= tol, (dtype, layout, splits, shape, err)
+
+
+def test_stream_k_tree_alpha_beta(gen):
+    m, n, k = 200, 136, 3000
+    a, b, c = operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "c", gen), operand(m, n, "bf16", "r", gen)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = config("stream_k", "bf16", "rcr", reduction="tree", decomposition="split_k", splits=3)
+    dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, out=out, target="cuda", variant="stream_k", config=cfg)
+    torch.cuda.synchronize()
+    assert max_rel(out.float().cpu().numpy(), reference(a, b, 2.0, c, 0.5)) <= tolerance(cfg, k)
 
 
 def test_alpha_beta_numpy_round_trip(gen):

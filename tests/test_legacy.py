@@ -104,11 +104,21 @@ def test_legacy_streamk_reduction_trait_and_old_token():
     raw = json.loads((CK_DATA / "tile_engine__ops__gemm_streamk__configs__default_config.json").read_text())
     m = configs.migrate(raw, target="cpu")
     assert m.variant == "stream_k"
-    assert m.sweep["reduction"] == {"values": ["atomic", "linear"]}
-    assert any("tree" in k for k, _ in m.dropped)
+    assert m.sweep["reduction"] == {"values": ["atomic", "linear", "tree"]}
+    assert not any("tree" in k for k, _ in m.dropped)
     assert any(k == "problem" and "empty" in why for k, why in m.dropped)
     old = dict(raw, trait_config=dict(raw["trait_config"], reduction_strategy={"values": ["reduction", "atomic"]}))
     assert configs.migrate(old).sweep["reduction"] == {"values": ["atomic", "linear"]}
+
+
+def test_tree_reduction_migrates_to_tree():
+    only_tree = {"tile_config": {"tile_m": [64], "tile_n": [64], "tile_k": [64]},
+                 "streamk_config": {"reduction_strategy": {"values": ["tree"]}}}
+    assert configs.migrate(only_tree).sweep["reduction"] == {"values": ["tree"]}
+    # cuda's tree is split_k's: the report says which axes the sweep needs
+    cuda = configs.migrate(only_tree, target="cuda")
+    assert cuda.sweep["reduction"] == {"values": ["tree"]}
+    assert any(old == "reduction_strategy=tree" and "decomposition=split_k" in new for old, new in cuda.mapped)
 
 
 def test_old_tile_configs_form_and_codegen_lists():
@@ -133,9 +143,6 @@ def test_unknown_legacy_keys_are_errors():
     with pytest.raises(errors.ConfigError, match="unknown trait_config key"):
         configs.migrate({"tile_config": {"tile_m": [64], "tile_n": [64], "tile_k": [64]},
                          "trait_config": {"pipelien": {"values": ["mem"]}}})
-    with pytest.raises(errors.ConfigError, match="only the tree reduction"):
-        configs.migrate({"tile_config": {"tile_m": [64], "tile_n": [64], "tile_k": [64]},
-                         "streamk_config": {"reduction_strategy": {"values": ["tree"]}}})
 
 
 NAMES = [
@@ -170,8 +177,8 @@ def test_names_map_to_gemm_dispatcher_configs(isa):
     assert config.variant == "stream_k" and config.variant_params["reduction"] == "linear"
     assert (config.tile_m, config.tile_n, config.tile_k) == (128, 128, 64)
     assert f"_cpu_{isa}_mt" in config.name and structural_problems(config) == []
-    with pytest.raises(errors.ConfigError, match="tree"):
-        names.to_config(names.parse(NAMES[3][0]))
+    tree = names.to_config(names.parse(NAMES[3][0]), "cpu", isa)
+    assert tree.variant_params["reduction"] == "tree" and structural_problems(tree) == []
     with pytest.raises(errors.ConfigError, match="three MxNxK triples"):
         names.parse("gemm_fp16_rcr_nonsense")
 
@@ -189,7 +196,7 @@ def test_migrate_names_cli_flags_unmappable(tmp_path):
     header, *rows = proc.stdout.splitlines()
     assert header.startswith("#") and len(rows) == len(NAMES) + 1
     unmapped = [r.split("\t")[0] for r in rows if "\tUNMAPPED\t" in r]
-    assert unmapped == [NAMES[3][0], "not_a_kernel"]  # the tree reduction and garbage, nothing else
+    assert unmapped == ["not_a_kernel"]  # garbage, nothing else
 
 
 # NAMES rows the cpu target cannot build on any ISA: fp16 stream-K with the atomic reduction
@@ -198,13 +205,10 @@ ATOMIC_FP16 = {0, 1}
 
 @pytest.mark.parametrize("isa", sorted(cpu_isa.ISAS))
 def test_migrate_names_maps_on_any_machine_and_says_what_builds_here(tmp_path, capsys, isa):
-    assert cli.main(["migrate", "--names", str(_names_file(tmp_path)), "--isa", isa]) == 1  # tree, garbage
+    assert cli.main(["migrate", "--names", str(_names_file(tmp_path)), "--isa", isa]) == 1  # garbage
     rows = [r.split("\t") for r in capsys.readouterr().out.splitlines()[1:]]
     not_runnable = cpu_isa.why_not_runnable(cpu_isa.get(isa))
     for i, (name, form, bridge) in enumerate(NAMES):
-        if i == 3:  # tree
-            assert rows[i][1] == "UNMAPPED"
-            continue
         got_name, got_bridge, ours, buildable = rows[i]
         assert (got_name, got_bridge) == (name, bridge) and f"_cpu_{isa}_mt" in ours
         expected = [r for r in (not_runnable, "atomic reduction" if i in ATOMIC_FP16 else None) if r]

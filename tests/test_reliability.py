@@ -140,7 +140,7 @@ def test_allocation_failure_in_a_kernel_thread_is_an_error_not_an_abort():
 
 # ----------------------------- 4. stream-K applies alpha once, after reducing
 @pytest.mark.parametrize("decomposition", ["stream_k", "hybrid"])
-@pytest.mark.parametrize("reduction", ["atomic", "linear"])
+@pytest.mark.parametrize("reduction", ["atomic", "linear", "tree"])
 @pytest.mark.parametrize("alpha, beta", [(0.5, 0.0), (1.5, 0.5), (-0.25, 1.0), (3e7 + 0.5, 2.5)])
 def test_stream_k_int8_non_integer_alpha(reduction, decomposition, alpha, beta, rng):
     a = random_matrix(30, 300, "int8", "r", rng)
@@ -153,7 +153,7 @@ def test_stream_k_int8_non_integer_alpha(reduction, decomposition, alpha, beta, 
     np.testing.assert_array_equal(out, as_int32(reference(a, b, c, alpha, beta)))
 
 
-@pytest.mark.parametrize("reduction", ["atomic", "linear"])
+@pytest.mark.parametrize("reduction", ["atomic", "linear", "tree"])
 def test_stream_k_fp32_alpha_beta_every_reduction(reduction, rng):
     a = random_matrix(30, 500, "fp32", "c", rng)
     b = random_matrix(500, 70, "fp32", "r", rng)

@@ -1,4 +1,4 @@
-"""Stream-K on the CPU: parity, reductions, decompositions, determinism, fallback."""
+"""Stream-K on the CPU: parity, reductions (atomic, linear, tree), decompositions, determinism, fallback."""
 
 import numpy as np
 import pytest
@@ -40,6 +40,31 @@ def test_linear_every_dtype_and_layout(dtype, layout, rng):
 
 
 @pytest.mark.parity
+@pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
+@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+def test_tree_every_dtype_and_layout(dtype, layout, rng):
+    check(dtype, layout, rng, reduction="tree", decomposition="stream_k")
+
+
+# (M, N, K), workers: one tile split over every worker (8: three full tree
+# rounds; 5 and 3: rounds with an odd partial out), and 3x3 tiles whose
+# splits fall at different places per tile.
+MANY_PARTIALS = [((23, 61, 1000), 8), ((23, 61, 1000), 5), ((24, 64, 777), 3), ((50, 130, 300), 5),
+                 ((50, 130, 300), 8)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp8_e5m2", "int8"])
+@pytest.mark.parametrize("shape, workers", MANY_PARTIALS)
+def test_tree_with_many_partials(shape, workers, dtype, rng):
+    m, n, k = shape
+    a, b = random_matrix(m, k, dtype, "r", rng), random_matrix(k, n, dtype, "c", rng)
+    out = run(a, b, workers=workers, reduction="tree", decomposition="stream_k")
+    # int8: exact (int32 partials); floats: a partial sum per worker
+    limit = dtypes.relative_tolerance(dtypes.output_for(dtype).token, k, splits=workers)
+    assert max_rel(out, reference(a, b)) <= limit, (shape, workers, dtype)
+
+
+@pytest.mark.parity
 @pytest.mark.parametrize("layout", ["rcr", "ccr"])
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_atomic(dtype, layout, rng):
@@ -47,7 +72,7 @@ def test_atomic(dtype, layout, rng):
 
 
 @pytest.mark.parametrize("decomposition", ["hybrid", "data_parallel"])
-@pytest.mark.parametrize("reduction", ["atomic", "linear"])
+@pytest.mark.parametrize("reduction", ["atomic", "linear", "tree"])
 def test_decompositions(reduction, decomposition, rng):
     check("fp32", "rcr", rng, reduction=reduction, decomposition=decomposition)
 
@@ -60,24 +85,33 @@ def test_worker_counts(workers, rng):
     assert max_rel(out, reference(a, b)) <= 1e-5
 
 
-def test_alpha_beta_with_atomic_and_linear(rng):
+def test_alpha_beta_with_every_reduction(rng):
     a = random_matrix(40, 300, "fp32", "r", rng)
     b = random_matrix(300, 50, "fp32", "r", rng)
     c = random_matrix(40, 50, "fp32", "r", rng)
-    for reduction in ("atomic", "linear"):
+    for reduction in ("atomic", "linear", "tree"):
         out = dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, variant="stream_k",
                               config={**SMALL, "reduction": reduction, "decomposition": "stream_k"})
         assert max_rel(out, reference(a, b, c, 2.0, 0.5)) <= 1e-5
 
 
-def test_linear_is_bit_identical_across_runs(rng):
+@pytest.mark.parametrize("reduction, workers", [("linear", 3), ("tree", 5)])
+def test_linear_and_tree_are_bit_identical_across_runs(reduction, workers, rng):
     a = random_matrix(24, 5000, "fp32", "r", rng)
     b = random_matrix(5000, 64, "fp32", "c", rng)
-    runs = [run(a, b, workers=3, reduction="linear", decomposition="stream_k") for _ in range(8)]
+    runs = [run(a, b, workers=workers, reduction=reduction, decomposition="stream_k") for _ in range(8)]
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
     # the tile really is split: one worker alone sums in another order
-    single = run(a, b, workers=1, reduction="linear", decomposition="stream_k")
+    single = run(a, b, workers=1, reduction=reduction, decomposition="stream_k")
+    assert not np.array_equal(single, runs[0])
     assert max_rel(single, reference(a, b)) <= 1e-5
+
+
+def test_cuda_tree_runs_split_k():
+    """CUTLASS's stream-K fix-up has no tree: on cuda the tree combines split_k's slices."""
+    with pytest.raises(errors.ConfigError, match="decomposition=split_k"):
+        dispatcher.Dispatcher().codegen(dispatcher.KernelConfig.create(
+            variant="stream_k", target="cuda", dtype="bf16", reduction="tree", decomposition="stream_k"))
 
 
 def test_atomic_needs_a_wide_output():

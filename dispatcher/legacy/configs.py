@@ -170,13 +170,13 @@ def migrate(path_or_dict, *, target: str = "cpu", variant: str | None = None,
         unknown_s = [s for s in strategies if s not in STRATEGIES]
         if unknown_s:
             raise ConfigError(f"unknown reduction strategy {unknown_s}; known: {', '.join(STRATEGIES)}")
-        ours = sorted({STRATEGIES[s] for s in strategies} - {"tree"})
-        if "tree" in strategies:
-            dropped.append(("reduction_strategy=tree", "no tree reduction kernel here; atomic and linear are"))
-        if not ours:
-            raise ConfigError("the config sweeps only the tree reduction, which gemm-dispatcher lacks")
+        ours = sorted({STRATEGIES[s] for s in strategies})
         sweep["reduction"] = {"values": ours}
         mapped.append((source, "reduction (reduction -> linear)"))
+        if target == "cuda" and "tree" in ours:
+            mapped.append(("reduction_strategy=tree", "reduction tree, which on cuda combines split_k's K "
+                           "slices (CUTLASS's stream-K has no tree): the sweep filters its points of "
+                           "other decompositions; add the axes decomposition=split_k and splits"))
     for key in raw:
         if key == "problem":
             dropped.append(("problem", DROPPED["problem"] if raw[key] else "empty; " + DROPPED["problem"]))

@@ -37,7 +37,7 @@ LEGACY_CSV = ["rocm_version", "device_name", "split_k", "m", "n", "k", "stride_a
               "dtype_a", "dtype_b", "dtype_acc", "dtype_c", "layout_a", "layout_b", "layout_c",
               "structured_sparsity", "dp_persistent", "reduction_strategy", "name", "latency(ms)",
               "tflops(TFlops)", "bandwidth(GB/s)", "metric"]
-LEGACY_STRATEGY = {"atomic": "Atomic", "linear": "Reduction"}
+LEGACY_STRATEGY = {"atomic": "Atomic", "linear": "Reduction", "tree": "TreeReduction"}
 
 
 def parser():

@@ -139,8 +139,6 @@ def to_config(k: CkKernel, target: str = "cpu", isa: str | None = None):
     can build it is `config.problems()`, a separate question, so a name maps
     the same on every machine."""
     from ..config import KernelConfig
-    if k.variant == "stream_k" and k.reduction == "tree":
-        raise ConfigError("the tree reduction has no gemm-dispatcher kernel (atomic and linear do)")
     fields = dict(variant=k.variant, target=target, dtype=DTYPES[k.dtype], layout=k.layout,
                   tile_m=k.tile[0], tile_n=k.tile[1], tile_k=k.tile[2])
     if k.variant == "stream_k":

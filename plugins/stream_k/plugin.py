@@ -8,10 +8,15 @@ never share one) and zeroes it before every launch.
 
 Variant block:
   reduction      atomic (partials combined in arrival order: nondeterministic;
-                 on the CPU added into one workspace tile per split tile) or
+                 on the CPU added into one workspace tile per split tile),
                  linear (partials summed in a fixed order: bit-identical across
-                 runs; CUTLASS's Deterministic). Either way the epilogue (alpha,
-                 beta, conversion) runs once, on the combined sum.
+                 runs; CUTLASS's Deterministic) or tree (partials combined
+                 pairwise in log2 steps, a fixed pairing: bit-identical across
+                 runs; CK's Tree). On the CPU the tree's additions of a step are
+                 spread over the workers; on cuda the tree runs split_k: each K
+                 slice's fp32 partial goes to the workspace and a reduction
+                 kernel combines them (templates/cuda-tree.cu). Either way the
+                 epilogue (alpha, beta, conversion) runs once, on the sum.
   decomposition  hybrid (full waves data-parallel, the rest stream-K; the
                  default; CUTLASS's Heuristic), stream_k (every tile split),
                  split_k (`splits` equal K slices; cuda), data_parallel
@@ -29,9 +34,10 @@ from dispatcher.workspace import WORKSPACES
 
 VARIANT = "stream_k"
 HERE = Path(__file__).parent
-REDUCTIONS = ("atomic", "linear")
+REDUCTIONS = ("atomic", "linear", "tree")
 DECOMPOSITIONS = ("hybrid", "stream_k", "split_k", "data_parallel")
-# The same vocabulary in CUTLASS's StreamKScheduler enums.
+# The same vocabulary in CUTLASS's StreamKScheduler enums (which have no tree:
+# the cuda tree is a template of its own).
 CUTLASS_REDUCTION = {"atomic": "Nondeterministic", "linear": "Deterministic"}
 CUTLASS_DECOMPOSITION = {"hybrid": "Heuristic", "stream_k": "StreamK", "split_k": "SplitK",
                          "data_parallel": "DataParallel"}
@@ -75,8 +81,12 @@ def check(config):
                     f"(got {config.dtype_c}); use reduction=linear")
         if opts["decomposition"] == "split_k":
             return "split_k is a cuda decomposition; the CPU kernels split by K-iterations (stream_k)"
-    if config.target == "cuda" and config.target_params["schedule"] != "cooperative":
-        return "CUTLASS's StreamKScheduler runs with the cooperative schedule only"
+    if config.target == "cuda":
+        if opts["reduction"] == "tree" and opts["decomposition"] != "split_k":
+            return ("the cuda tree reduction combines the partials of split_k's K slices (CUTLASS's "
+                    "stream-K fix-up has no tree); use decomposition=split_k")
+        if opts["reduction"] != "tree" and config.target_params["schedule"] != "cooperative":
+            return "CUTLASS's StreamKScheduler runs with the cooperative schedule only"
     return None
 
 
@@ -123,6 +133,8 @@ dispatcher_register_variants = registers(RECORD)
 def dispatcher_codegen(config, target):
     opts = config.variant_params
     if target.name == "cuda":
+        if opts["reduction"] == "tree":
+            return render(HERE, config, target, template="tree", splits=opts["splits"])
         return render(HERE, config, target, reduction=CUTLASS_REDUCTION[opts["reduction"]],
                       decomposition=CUTLASS_DECOMPOSITION[opts["decomposition"]],
                       splits=opts["splits"])

@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <string>
 
+#include "cpu/vec_math.hpp"
 #include "dispatcher_abi.h"
 
 namespace dcpu {
@@ -140,12 +141,41 @@ struct Epilogue {
 };
 using PlainEpilogue = Epilogue<Bias::none, Activation::none>;
 
+// The activation of one value (x a float vector, vec_math.hpp) or of one
+// double (integer kernels, whose epilogue computes in double: libm).
 template <Activation A, class S>
 static inline S activate(S x) {
-    if constexpr (A == Activation::relu) return x > S(0) ? x : S(0);
-    if constexpr (A == Activation::gelu) return S(0.5) * x * (S(1) + std::erf(x * S(0.70710678118654752440)));
-    if constexpr (A == Activation::silu) return x / (S(1) + std::exp(-x));
+    if constexpr (A == Activation::relu) return x < S{} ? S{} : x;  // NaN stays NaN
+    if constexpr (std::is_same_v<S, double>) {
+        if constexpr (A == Activation::gelu) return 0.5 * x * std::erfc(-x * 0.70710678118654752440);
+        if constexpr (A == Activation::silu) return x / (1.0 + std::exp(-x));
+    } else {
+        if constexpr (A == Activation::gelu) return vmath::gelu(x);
+        if constexpr (A == Activation::silu) return vmath::silu(x);
+    }
     return x;
+}
+
+// v[0, n) = activation(v[0, n)), float rows a vector of VecBytes at a time.
+template <Activation A, int VecBytes, class S>
+void activate_row(S* v, int n) {
+    if constexpr (A == Activation::none) {
+        return;
+    } else if constexpr (std::is_same_v<S, float>) {
+        typedef float vec __attribute__((vector_size(VecBytes)));
+        constexpr int L = VecBytes / sizeof(float);
+        const auto apply = [v](int j, size_t bytes) {
+            vec x{};
+            std::memcpy(&x, v + j, bytes);
+            x = activate<A>(x);
+            std::memcpy(v + j, &x, bytes);
+        };
+        int j = 0;
+        for (; j + L <= n; j += L) apply(j, sizeof(vec));
+        if (j < n) apply(j, sizeof(float) * size_t(n - j));  // the last lanes zero
+    } else {
+        for (int j = 0; j < n; ++j) v[j] = activate<A>(v[j]);
+    }
 }
 
 // Memory a kernel asks to be prefetched.
@@ -631,13 +661,15 @@ void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
         } else {
             using Stored = typename Out::storage;
             const S row_bias = Epi::bias == Bias::row ? S(Out::load(P.template extra_at<Stored>(0, i0 + i, 0))) : S(0);
+            alignas(64) S v[T::NC];
             for (int j = 0; j < nc; ++j) {
-                S v = product(alpha, S(arow[j]));
-                if (P.beta != 0.0) v = v + product(beta, S(Out::load(crow[j])));
-                if constexpr (Epi::bias == Bias::row) v = v + row_bias;
-                if constexpr (Epi::bias == Bias::col) v = v + S(Out::load(P.template extra_at<Stored>(0, 0, j0 + j)));
-                crow[j] = Out::store(activate<Epi::activation>(v));
+                v[j] = product(alpha, S(arow[j]));
+                if (P.beta != 0.0) v[j] = v[j] + product(beta, S(Out::load(crow[j])));
+                if constexpr (Epi::bias == Bias::row) v[j] = v[j] + row_bias;
+                if constexpr (Epi::bias == Bias::col) v[j] = v[j] + S(Out::load(P.template extra_at<Stored>(0, 0, j0 + j)));
             }
+            activate_row<Epi::activation, T::vec_bytes>(v, nc);
+            for (int j = 0; j < nc; ++j) crow[j] = Out::store(v[j]);
         }
     }
 }

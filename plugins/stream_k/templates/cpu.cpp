@@ -4,18 +4,22 @@
 // the stream-K region contribute tiles*iters_per_tile units, divided evenly
 // over the workers (OpenMP threads); a worker whose range covers a whole
 // tile stores it. The partials of a split tile are combined in the workspace
-// by the chosen reduction, and then the tile's owner (the worker holding its
-// first iteration) runs the epilogue once, on the sum: alpha, beta, rounding
-// and saturation apply exactly as to a tile that was not split.
+// by the chosen reduction (atomic: added into one slot in arrival order;
+// linear: summed by the owner in worker order; tree: pairwise in log2 rounds,
+// the additions of a round spread over the workers), and then the tile's
+// owner (the worker holding its first iteration) runs the epilogue once, on
+// the sum: alpha, beta, rounding and saturation apply exactly as to a tile
+// that was not split.
 ${prelude}
 #include <atomic>
+#include <initializer_list>
 #include <vector>
 
 namespace {
 using T = KernelTraits;
 using Acc = T::Acc;
 
-enum class Reduction { atomic, linear };
+enum class Reduction { atomic, linear, tree };
 enum class Decomposition { hybrid, stream_k, data_parallel };
 constexpr Reduction kReduction = ${reduction};
 constexpr Decomposition kDecomposition = ${decomposition};
@@ -50,12 +54,12 @@ Plan make_plan(const dcpu::Problem<T>& P, int workers) {
 
 constexpr int64_t kSlotElems = int64_t(T::MC) * T::NC;  // one partial tile
 
-// Linear: two partial tiles per worker (its first and its last tile may be
-// split). Atomic: one per worker, for the split tile it owns (at most one:
-// the tile that crosses the end of its range), which every contributor adds
-// into. The plugin zeroes the workspace before every launch.
+// Linear and tree: two partial tiles per worker (its first and its last tile
+// may be split). Atomic: one per worker, for the split tile it owns (at most
+// one: the tile that crosses the end of its range), which every contributor
+// adds into. The plugin zeroes the workspace before every launch.
 int64_t workspace_bytes(int workers) {
-    const int64_t slots = kReduction == Reduction::linear ? 2 : 1;
+    const int64_t slots = kReduction == Reduction::atomic ? 1 : 2;
     return int64_t(workers) * slots * kSlotElems * sizeof(Acc);
 }
 
@@ -67,6 +71,13 @@ void add_partial(const dcpu::TileCoord& t, const Acc* acc, Acc* slot) {
 #pragma omp atomic
             slot[e] += acc[e];
         }
+}
+
+// Linear and tree: worker w's partial tile of split tile `tile` (slot 0 for
+// its first tile, 1 for its last).
+Acc* partial(const Plan& plan, Acc* workspace, int w, int64_t tile) {
+    const int slot = plan.tile_of(plan.begin(w)) == tile ? 0 : 1;
+    return workspace + (int64_t(w) * 2 + slot) * kSlotElems;
 }
 
 // The work of worker w (team of plan.workers threads; called by each).
@@ -91,43 +102,83 @@ void run_worker(const dcpu::Problem<T>& P, const Plan& plan, int w, Acc* workspa
         } else if (kReduction == Reduction::atomic) {
             add_partial(t, acc, workspace + int64_t(plan.owner(tile)) * kSlotElems);
         } else {
-            const int slot = it == plan.begin(w) ? 0 : 1;
-            std::copy(acc, acc + kSlotElems, workspace + (int64_t(w) * 2 + slot) * kSlotElems);
+            std::copy(acc, acc + kSlotElems, partial(plan, workspace, w, tile));
         }
         it = seg_end;
     }
 }
 
-// Linear reduction: the partials of `tile` (owned by w) summed in worker order into acc.
-const Acc* linear_sum(const Plan& plan, int w, int64_t tile, const Acc* workspace, Acc* acc) {
-    const int64_t tile_first = (tile - plan.dp_tiles) * plan.iters_per_tile;
-    const int64_t tile_end = tile_first + plan.iters_per_tile;
-    std::fill(acc, acc + kSlotElems, Acc(0));
-    for (int v = w; v < plan.workers && plan.begin(v) < tile_end; ++v) {
-        if (plan.begin(v + 1) <= tile_first || plan.begin(v) == plan.begin(v + 1)) continue;
-        const int slot = plan.tile_of(plan.begin(v)) == tile ? 0 : 1;
-        const Acc* part = workspace + (int64_t(v) * 2 + slot) * kSlotElems;
-        for (int64_t e = 0; e < kSlotElems; ++e) acc[e] += part[e];
+// f(worker) for each worker holding part of split tile `tile`, in order
+// (the owner first).
+template <class F>
+void for_each_contributor(const Plan& plan, int64_t tile, F&& f) {
+    const int64_t tile_end = (tile - plan.dp_tiles + 1) * plan.iters_per_tile;
+    for (int v = plan.owner(tile); v < plan.workers && plan.begin(v) < tile_end; ++v)
+        if (plan.begin(v) < plan.begin(v + 1)) f(v);  // else no iterations at all
+}
+
+// f(tile) for the split tiles worker w holds part of: its first and its last
+// tile, where its range covers them only in part.
+template <class F>
+void for_each_split_tile(const Plan& plan, int w, F&& f) {
+    if (plan.begin(w) == plan.begin(w + 1)) return;
+    const int64_t first = plan.tile_of(plan.begin(w)), last = plan.tile_of(plan.begin(w + 1) - 1);
+    for (int64_t tile : {first, last}) {
+        const int64_t tile_first = (tile - plan.dp_tiles) * plan.iters_per_tile;
+        const bool whole = plan.begin(w) <= tile_first && plan.begin(w + 1) >= tile_first + plan.iters_per_tile;
+        if (!whole) f(tile);
+        if (last == first) break;
     }
+}
+
+// Linear reduction: the partials of `tile` summed in worker order into acc.
+const Acc* linear_sum(const Plan& plan, int64_t tile, Acc* workspace, Acc* acc) {
+    std::fill(acc, acc + kSlotElems, Acc(0));
+    for_each_contributor(plan, tile, [&](int v) {
+        const Acc* part = partial(plan, workspace, v, tile);
+        for (int64_t e = 0; e < kSlotElems; ++e) acc[e] += part[e];
+    });
     return acc;
 }
 
-// Fix-up, once every partial is in: the owner of each split tile runs the
-// epilogue on its reduced sum.
-void fix_up(const dcpu::Problem<T>& P, const Plan& plan, int w, const Acc* workspace) {
+// Tree reduction, the round of stride s = 2^r: of the partials p_0, p_1, ...
+// of a split tile (worker order), each p_i with i a multiple of 2s takes
+// p_{i+s} (p_i += p_{i+s}), added by p_i's worker. After ceil(log2(workers))
+// rounds p_0, the owner's, holds the sum; the pairing is fixed, so the sum
+// is bit-identical across runs.
+void tree_round(const Plan& plan, int w, int stride, Acc* workspace) {
+    for_each_split_tile(plan, w, [&](int64_t tile) {
+        int position = 0, mine = -1, partner = -1;
+        for_each_contributor(plan, tile, [&](int v) {
+            if (v == w) mine = position;
+            if (mine >= 0 && position == mine + stride) partner = v;
+            ++position;
+        });
+        if (mine % (2 * stride) != 0 || partner < 0) return;
+        Acc* own = partial(plan, workspace, w, tile);
+        const Acc* other = partial(plan, workspace, partner, tile);
+        for (int64_t e = 0; e < kSlotElems; ++e) own[e] += other[e];
+    });
+}
+
+int tree_rounds(int workers) {
+    int rounds = 0;
+    while ((1 << rounds) < workers) ++rounds;
+    return rounds;
+}
+
+// Fix-up, once every partial is in (and, for the tree, reduced): the owner
+// of each split tile runs the epilogue on its sum.
+void fix_up(const dcpu::Problem<T>& P, const Plan& plan, int w, Acc* workspace) {
     Acc* acc = dcpu::Buffers<T>::local().acc.get();
-    const int64_t first_tile = plan.sk_iters ? plan.tile_of(plan.begin(w)) : 0;
-    const int64_t last_tile = plan.sk_iters ? plan.tile_of(std::max(plan.begin(w), plan.begin(w + 1) - 1)) : -1;
-    for (int64_t tile = first_tile; tile <= last_tile && plan.begin(w) < plan.begin(w + 1); ++tile) {
-        if (plan.owner(tile) != w) continue;
-        const int64_t tile_first = (tile - plan.dp_tiles) * plan.iters_per_tile;
-        const int64_t tile_end = tile_first + plan.iters_per_tile;
-        if (plan.begin(w) <= tile_first && plan.begin(w + 1) >= tile_end) continue;  // stored whole
+    for_each_split_tile(plan, w, [&](int64_t tile) {
+        if (plan.owner(tile) != w) return;
         const Acc* sum = kReduction == Reduction::atomic ? workspace + int64_t(w) * kSlotElems
-                                                         : linear_sum(plan, w, tile, workspace, acc);
+                         : kReduction == Reduction::linear ? linear_sum(plan, tile, workspace, acc)
+                                                           : partial(plan, workspace, w, tile);
         const dcpu::TileCoord t = dcpu::tile_coord(P, tile);
         dcpu::store_tile<T>(P, t.i0, t.mc, t.j0, t.nc, sum);
-    }
+    });
 }
 
 int workers_for(const dispatcher_gemm_args* args) { return dcpu::thread_count(T::threads, args ? args->workers : 0); }
@@ -152,6 +203,12 @@ int run(const dispatcher_gemm_args* args) {
             const int w = omp_get_thread_num();
             errors.run([&] { run_worker(P, plan, w, workspace); });
 #pragma omp barrier
+            if (kReduction == Reduction::tree) {
+                for (int r = 0; r < tree_rounds(plan.workers); ++r) {
+                    errors.run([&] { tree_round(plan, w, 1 << r, workspace); });
+#pragma omp barrier
+                }
+            }
             errors.run([&] { fix_up(P, plan, w, workspace); });
         }
         errors.rethrow();
