@@ -25,12 +25,16 @@ from dispatcher.api import Dispatcher  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--set", default="all", choices=sorted(cuda_sweeps.SETS))
+    ap.add_argument("--set", default="all", help="a set of benchmarks/cuda_sweeps.py, or several joined by +: "
+                    + ", ".join(sorted(cuda_sweeps.SETS)))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--pack", help="write the cache's kernels to this .tar.xz")
     args = ap.parse_args()
     d = Dispatcher()
-    configs = cuda_sweeps.SETS[args.set]()
+    unknown = set(args.set.split("+")) - set(cuda_sweeps.SETS)
+    if unknown:
+        ap.error(f"unknown set(s) {', '.join(sorted(unknown))}; sets: {', '.join(sorted(cuda_sweeps.SETS))}")
+    configs = list({c.name: c for name in args.set.split("+") for c in cuda_sweeps.SETS[name]()}.values())
     failures = []
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(lambda c: d.build(d.codegen(c)), c): c for c in configs}

@@ -96,3 +96,47 @@ def torch_configs() -> list:
 
 SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "batched": batched_configs,
         "all": everything}
+
+
+def selected(variant: str, calls: list) -> list:
+    """The configs selection picks (no GPU needed: NVIDIA's model ranks
+    the catalog) for calls of `variant`'s kind: each call a dict of
+    operand name -> (shape, strides in elements, dtype token) and choices."""
+    import numpy as np
+
+    from dispatcher import dtypes, kinds
+    from dispatcher.dispatch import Dispatcher
+    from dispatcher.plugins import get_manager
+    from dispatcher.problem import ArraySpec
+
+    record, d = get_manager().variant(variant), Dispatcher(tuning=None)
+    out = {}
+    for operands, choices in calls:
+        def spec(name):
+            if name not in operands:
+                return None
+            shape, strides, token = operands[name]
+            dtype = dtypes.get(token).numpy
+            return ArraySpec(shape, tuple(s * np.dtype(dtype).itemsize for s in strides), np.dtype(dtype))
+        specs = tuple((o.name, spec(o.name)) for o in kinds.operands_of(record))
+        layout = kinds.layout(record, specs, tuple(sorted(choices.items())), None, "cuda", False)
+        config = d.select(layout.problem)
+        out[config.name] = config
+    return list(out.values())
+
+
+def overhead_configs() -> list:
+    """What benchmarks/call_overhead.py's GPU part and profile_call.py select."""
+    row = lambda m, n: ((m, n), (n, 1), "bf16")  # noqa: E731
+    col = lambda m, n: ((m, n), (1, m), "bf16")  # noqa: E731
+    plain = [({"a": row(256, 256), "b": row(256, 256)}, {}), ({"a": row(511, 3071), "b": row(3071, 2049)}, {}),
+             ({"a": row(256, 256), "b": col(256, 256), "bias": ((256,), (1,), "bf16")}, {}),  # Linear
+             ({"a": row(256, 256), "b": row(256, 256)}, {}), ({"a": col(256, 256), "b": row(256, 256)}, {})]
+    fused = [({"a": row(n, n), "b": row(n, n), "bias": ((n,), (1,), "bf16")}, {"activation": "gelu"})
+             for n in (256, 1024, 4096)]
+    batched = [({"a": ((b, m, k), (m * k, k, 1), "bf16"), "b": ((b, k, n), (k * n, n, 1), "bf16")}, {})
+               for b, m, n, k in ((48, 384, 640, 128), (16, 1024, 1024, 512), (4, 2048, 3072, 1024))]
+    return selected("regular", plain + fused) + selected("batched", batched)
+
+
+SETS["overhead"] = overhead_configs

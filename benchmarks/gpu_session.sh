@@ -26,7 +26,7 @@ export DISPATCHER_CACHE_DIR=$R/.gpucache DISPATCHER_TEST_CACHE_DIR=$R/.gpucache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 for step in "$@"; do
   case $step in
-    build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set all --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
+    build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set ${BUILD_SET:-all} --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
     pack) tar -cJf $OUT/cache.tar.xz -C $R/.gpucache kernels && ls -la $OUT/cache.tar.xz ;;
     unpack) mkdir -p $R/.gpucache && tar -xJf $R/.carry/pack/cache.tar.xz -C $R/.gpucache ;;
     test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
@@ -38,6 +38,8 @@ for step in "$@"; do
              | tee $OUT/torch_gpu_tests.log | tail -25 ;;
     batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
              | tee $OUT/batched_gpu_tests.log | tail -25 ;;
+    # where a call's host time goes (cProfile of gemm, a held plan, dispatcher.torch.gemm)
+    profile) timeout 200 python3 benchmarks/profile_call.py > $OUT/profile_call.log 2>&1; tail -5 $OUT/profile_call.log ;;
     # per-call cost against torch (issue 22)
     overhead) timeout 400 python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead 2>&1 \
              | tee $OUT/call_overhead.log | tail -30 ;;
