@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, environment  # noqa: E402
+from common import RESULTS, environment, pyplot  # noqa: E402
 
 import dispatcher  # noqa: E402
 
@@ -176,12 +176,8 @@ PARTS = {"cpu_call": cpu_call, "cpu_coexist": cpu_coexist, "gpu_call": gpu_call}
 
 
 def plot(results: dict, path: Path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot(path)
+    if plt is None:
         return
     bars = []
     if "cpu_call" in results:
