@@ -57,7 +57,8 @@ def stacked_reference(a, b, offsets):
     return out
 
 
-@pytest.mark.parametrize("offsets", [[3, 3, 12], [0, 5, 12], [12, 12, 12]])
+@pytest.mark.parametrize("offsets", [[3, 3, 12], [0, 5, 12], [12, 12, 12]],
+                         ids=["empty-group", "zero-first", "all-last"])
 def test_offsets_at_their_limits_are_computed(offsets):
     """The last offset at exactly total_M, an empty group (a step of 0),
     a first offset of exactly 0."""
@@ -70,7 +71,7 @@ def test_offsets_at_their_limits_are_computed(offsets):
     ([12, 12, 13], r"offsets\[2\] = 13 exceeds a's 12 rows"),  # the first offset past it is named
     ([-1, 4, 12], r"offsets\[0\] = -1 is smaller than 0"),     # one below 0
     ([3, 2, 12], r"offsets\[1\] = 2 is smaller than 3"),       # one step down
-])
+], ids=["past-total-m", "first-past-named", "below-zero", "step-down"])
 def test_offsets_one_past_their_limits_are_refused_before_any_build(offsets, match, no_build):
     with pytest.raises(errors.ProblemError, match=match):
         dispatcher.grouped_mm(*experts(offsets))
@@ -105,7 +106,7 @@ def test_int8_k_at_its_bound_is_exact():
     lambda a, b: dispatcher.grouped_gemm([a], [b]),
     lambda a, b: dispatcher.grouped_mm(a, b[None], np.array([1], np.int32)),
     lambda a, b: dispatcher.matmul(a[None], b),
-])
+], ids=["gemm", "grouped_gemm", "grouped_mm", "matmul"])
 def test_int8_k_one_past_its_bound_is_refused(call, no_build):
     k = 131072
     with pytest.raises(errors.ProblemError, match="K = 131072 is too deep for int8"):
