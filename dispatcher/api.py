@@ -48,10 +48,21 @@ def _record(dispatcher, name):
     return manager.variant(name)
 
 
+_CHECKED: dict = {}  # (variant name, kind) -> (manager, generation, record) of the default manager
+
+
 def _variant(dispatcher, name, kind: str):
     """The record of variant `name`, which must run `kind` problems: a
-    grouped variant cannot run one GEMM, nor a single-GEMM variant a list."""
+    grouped variant cannot run one GEMM, nor a single-GEMM variant a list.
+    Remembered per manager generation for calls on the default manager."""
+    if dispatcher is None:
+        found = _CHECKED.get((name, kind))
+        if found is not None and found[0] is plugins._MANAGER and found[1] == found[0].generation:
+            return found[2]
     record = _record(dispatcher, name)
+    if record.problem_kind == kind and dispatcher is None:
+        manager = get_manager()
+        _CHECKED[name, kind] = (manager, manager.generation, record)
     if record.problem_kind != kind:
         manager = dispatcher.manager if dispatcher is not None else get_manager()
         fitting = sorted(n for n, r in manager.variants().items() if r.problem_kind == kind)
@@ -99,6 +110,17 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
           strict, autotune, dispatcher):
     """Every declared kind's call: checks, the plan of its kind of call
     (made once), the launch; the result in the kind the caller passed."""
+    key = None
+    if dispatcher is None and config is None and options is None and target == "auto":
+        roles = kinds.role_names(record)
+        if arrays.get(roles.get("out")) is None and arrays.get(roles.get("c")) is None:
+            key = _direct_key(record, arrays, params, choices, out_dtype, strict, autotune)
+            try:
+                found = _DIRECT.get(key) if key is not None else None
+            except TypeError:  # an unhashable value in the call: the general path checks it
+                found = key = None
+            if found is not None and found.current():
+                return found.run_direct(arrays, params)
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -113,42 +135,58 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
                          out_dtype, target, core[1] != 0, config, resolved, bool(strict),
                          _autotuning(autotune) if config is None else False)
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
+    if key is not None and plan.runs_direct():
+        _DIRECT[key] = plan
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
-    return session.finish(result, host_out), plan
+    return session.finish(result, host_out)
 
 
-# The plans of plain `gemm(a, b)` calls (the default dispatcher; no c, out,
-# beta, out_dtype, config or options) on numpy arrays or torch CUDA tensors,
-# by `_plain_key`: the commonest call finds its plan without the general
-# lookup and goes straight to the kernel (benchmarks/call_overhead.py).
-_PLAIN: dict = {}
+# Plans whose calls go straight to the kernel (`Plan.run_direct`), by
+# `_direct_key`: a call of the default dispatcher with no out, c, config or
+# options finds its plan without building the general signature
+# (benchmarks/call_overhead.py; a plain numpy 16^3 gemm is mostly this).
+_DIRECT: dict = {}
 
 
-def _plain_key(a, b, variant, strict, autotune):
-    """What a plain call's plan depends on: numpy arrays' shapes, strides and
-    dtypes; a torch tensor's also its device, its current stream and the
-    alignment class of its address (see `plans._alignment`); None for
-    other operands."""
-    if type(a) is np.ndarray and type(b) is np.ndarray:
-        return (variant, a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, strict, autotune)
-    if cuda_tensors(a, b):
-        device = a.get_device()
-        return (variant, a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, b.get_device(),
-                current_stream(device), a.data_ptr() % plans.ALIGNMENT == 0,
-                b.data_ptr() % plans.ALIGNMENT == 0, strict, autotune)
-    return None
+def _direct_key(record, arrays: dict, params: dict, choices: dict, out_dtype, strict, autotune):
+    """What such a call's plan depends on: each operand's shape, strides and
+    dtype (numpy arrays), with a torch CUDA tensor's device, current
+    stream and address alignment class; None for any other call."""
+    if params.get("beta"):
+        return None
+    first = next(iter(arrays.values()))
+    kind = type(first)
+    parts = []
+    if kind is np.ndarray:
+        for name, x in arrays.items():
+            if type(x) is np.ndarray:
+                parts.append((name, x.shape, x.strides, x.dtype))
+            elif x is not None:
+                return None  # another kind of array: the general path says what is wrong
+        where = None
+    elif kind.__module__.startswith("torch") and getattr(first, "is_cuda", False):
+        device = first.get_device()
+        for name, x in arrays.items():
+            if type(x) is kind and x.is_cuda and x.get_device() == device:
+                parts.append((name, x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
+            elif x is not None:
+                return None  # mixed kinds or devices: the general path says what is wrong
+        where = (device, _torch_stream(device))
+    else:
+        return None
+    return (id(record), tuple(parts), tuple(sorted(choices.items())) if choices else (), out_dtype, where,
+            strict, autotune)
 
 
-def cuda_tensors(a, b) -> bool:
-    """Whether a and b are torch CUDA tensors (torch is never imported here)."""
-    module = type(a).__module__
-    return module.startswith("torch") and type(b) is type(a) and getattr(a, "is_cuda", False) and b.is_cuda
+_RUNTIME = []  # the torch runtime, once asked for
 
 
-def current_stream(device: int) -> int:
-    from .targets.cuda_runtime import runtime
-    return runtime("torch").current_stream(device)
+def _torch_stream(device: int) -> int:
+    if not _RUNTIME:
+        from .targets.cuda_runtime import runtime
+        _RUNTIME.append(runtime("torch"))
+    return _RUNTIME[0].current_stream(device)
 
 
 def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, config=None, options=None,
@@ -177,7 +215,11 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
                          out_dtype, target, core[1] != 0, config,
                          _launch_options(record, options, session.stream), bool(strict),
                          _autotuning(autotune) if config is None else False)
-    return HeldPlan(made, record, target, params)
+    held = HeldPlan(made, record, target, params)
+    if made.problem is not None and not options:  # calls like this one may go straight to the kernel
+        held.key = _direct_key(record, {n: x for n, x in operands.items() if n != held.out}, params, {}, None,
+                               False, False)
+    return held
 
 
 class HeldPlan:
@@ -188,8 +230,10 @@ class HeldPlan:
     def __init__(self, made, record, target: str, params: dict):
         self.plan, self.record, self.target = made, record, targets.get(target)
         self.names = tuple(o.name for o in kinds.operands_of(record))
+        self.out = made.names.get("out")
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
+        self.key = None  # the `_direct_key` of the planned call, where it may run directly
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
@@ -198,16 +242,20 @@ class HeldPlan:
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
                                f"({', '.join(self.names)}), got {len(operands)}")
-        given, params, choices = kinds.split_call(self.record, arguments)
+        given, params, choices = kinds.split_call(self.record, arguments) if arguments else ({}, {}, {})
         if choices:
             raise ProblemError(f"a held plan's variant values are fixed; got {', '.join(choices)}: "
                                "make another plan")
         given.update(zip(self.names, operands))
+        params = {**self.params, **params} if params else self.params
+        if self.key is not None and self.plan.runs_direct() and given.get(self.out) is None \
+                and _direct_key(self.record, given, params, {}, None, False, False) == self.key:
+            return self.plan.run_direct(given, params)
         session = self.target.session(*(given.get(n) for n in self.names))
         imported = {n: x for n, x in zip(self.names, session.arrays) if x is not None}
         out_name = self.plan.names.get("out")
         plans.check_writable(session.memory, imported.get(out_name), out_name)
-        core, values = kinds.scalars(self.record, {**self.params, **params})
+        core, values = kinds.scalars(self.record, params)
         plan = self.plan
         if not plan.matches(imported) or (core[1] != 0) != self.beta_given \
                 or plan.options.get("stream", 0) != session.stream:
@@ -244,15 +292,6 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
     `$DISPATCHER_AUTOTUNE`.
     """
-    key = None
-    if (c is None and out is None and beta == 0 and out_dtype is None and config is None and options is None
-            and dispatcher is None and target == "auto" and (type(alpha) is float or type(alpha) is int)):
-        key = _plain_key(a, b, variant, strict, autotune)
-        found = _PLAIN.get(key) if key is not None else None
-        if found is not None and found.dispatcher is dispatch._DEFAULT \
-                and found.generation == found.dispatcher.manager.generation \
-                and found.dispatcher.manager is plugins._MANAGER:
-            return found.run_plain(a, b, float(alpha))
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -260,12 +299,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["c"]] = c
     if out is not None:
         arrays[roles["out"]] = out
-    result, made = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype,
-                         target=target, config=config, options=options, strict=strict, autotune=autotune,
-                         dispatcher=dispatcher)
-    if key is not None and made.runs_plain():
-        _PLAIN[key] = made
-    return result
+    return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
+                 config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
 
 
 def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,
@@ -287,7 +322,7 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
                           "call dispatcher.grouped_gemm or dispatcher.grouped_mm")
     operands, params, choices = kinds.split_call(record, arguments)
     return _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
-                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)[0]
+                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
 
 
 def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,

@@ -287,6 +287,9 @@ def split_call(record, kwargs: dict) -> tuple:
     return pick(names), pick(params), pick(choices)
 
 
+_ALPHA_BETA = frozenset(("alpha", "beta"))
+
+
 def check_choices(record, choices: dict) -> tuple:
     """The variant-block values a call sets, checked, as a sorted tuple."""
     schema = {o.name: o for o in record.options}
@@ -297,6 +300,10 @@ def check_choices(record, choices: dict) -> tuple:
 def scalars(record, params: dict) -> tuple:
     """((alpha, beta, scale_a, scale_b), the variant's own parameters in
     declaration order), each checked."""
+    if not record.params and params.keys() <= _ALPHA_BETA:  # the common call: finite floats, at once
+        alpha, beta = params.get("alpha", 1.0), params.get("beta", 0.0)
+        if type(alpha) is float and type(beta) is float and alpha - alpha == 0 and beta - beta == 0:
+            return (alpha, beta, 1.0, 1.0), ()
     core = (_scalar_param("alpha", params.get("alpha", 1.0)), _scalar_param("beta", params.get("beta", 0.0)),
             _scalar_param("scale_a", params.get("scale_a", 1.0), nonzero=True),
             _scalar_param("scale_b", params.get("scale_b", 1.0), nonzero=True))

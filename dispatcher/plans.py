@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import kinds, targets
+from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
 from .library import GemmArgs, data_pointer, fill_gemm_args, gemm_args
 from .problem import ArraySpec, _integer_output_scalars
@@ -49,6 +49,10 @@ def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target:
             found.config = dispatcher.config_matching(layout.problem, config)  # a clear error before any build
         dispatcher.plans[signature] = found
     return found
+
+
+def _tensor_pointer(t) -> int:
+    return t.data_ptr()
 
 
 def _alignment(target: str, arrays: dict) -> tuple:
@@ -149,31 +153,45 @@ class Plan(_Launches):
         self._staged = False  # the first call's operands were staged (the target's `aligned`)
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
 
-    def runs_plain(self) -> bool:
-        """Whether `run_plain` may run the plan's calls: a single launch of
-        a, b and a new result (not transposed) straight into the bound
-        kernel's entry point."""
-        names = self.layout.names
-        return self._direct is not None and names[:2] == (self.names["a"], self.names["b"]) and len(names) == 3
+    def current(self) -> bool:
+        """Whether the plan still binds what the default dispatcher's hook
+        chain would choose (no plugin registered since, no manager reset)."""
+        d = self.dispatcher
+        return d is dispatch._DEFAULT and self.generation == d.manager.generation and \
+            d.manager is plugins._MANAGER
 
-    def run_plain(self, a, b, alpha: float):
-        """A plain `gemm(a, b, alpha=alpha)` on arrays with the plan's specs
-        (numpy arrays, or torch tensors on the planned device and stream)
-        into a new result (`api.gemm`'s memo of such calls): nothing is left
-        to check, the kernel's entry point is called with the plan's
-        argument block re-pointed."""
+    def runs_direct(self) -> bool:
+        """Whether `run_direct` may run the plan's calls: one launch into a
+        new result, nothing staged or copied, the bound kernel's entry point."""
         layout = self.layout
+        return (self._direct is not None and layout.problem is not None and layout.problem.k > 0
+                and layout.c is None and not layout.staged)
+
+    def run_direct(self, arrays: dict, params: dict):
+        """A call with the plan's specs and no out or c (`api`'s memo of
+        such calls; numpy arrays, or torch tensors on the planned device and
+        stream): its scalars checked, a new result, the kernel's entry
+        point with the plan's argument block re-pointed."""
+        layout = self.layout
+        core, values = kinds.scalars(self.record, params)
         if layout.integer_output:
-            _integer_output_scalars(layout.result_dtype, alpha=alpha, beta=0.0)
+            _integer_output_scalars(layout.result_dtype, alpha=core[0], beta=core[1])
+        first = arrays[self.names["a"]]
+        if type(first) is np.ndarray:
+            result = np.empty(layout.result_shape, layout.result_dtype)
+            pointer = data_pointer
+        else:  # a torch tensor
+            result = first.new_empty(layout.result_shape, dtype=self._torch_dtype())
+            pointer = _tensor_pointer
         entry, template, library = self._direct
         args = GemmArgs.from_buffer_copy(template)
-        if type(a) is np.ndarray:
-            result = np.empty(layout.result_shape, layout.result_dtype)
-            args.a, args.b, args.c = data_pointer(a), data_pointer(b), data_pointer(result)
-        else:  # a torch tensor
-            result = a.new_empty(layout.result_shape, dtype=self._torch_dtype())
-            args.a, args.b, args.c = a.data_ptr(), b.data_ptr(), result.data_ptr()
-        args.alpha = alpha
+        slots = self._slots
+        if len(slots) == 3 and not values:  # a, b and the result: set in place
+            args.a, args.b, args.c = [pointer(result if name is None else arrays[name]) for name in slots]
+            args.alpha, args.beta, args.scale_a, args.scale_b = core
+        else:
+            fill_gemm_args(args, tuple([pointer(result if name is None else arrays[name]) for name in slots]),
+                           core, values)
         status = entry(args)
         if status:
             library.check(status)
@@ -266,6 +284,8 @@ class Plan(_Launches):
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
             self._direct = (direct(library), template, library)
+        out = self.names.get("out")
+        self._slots = tuple(None if name == out else name for name in self.layout.names)  # None: the result
 
     def _empty_product(self, result, beta: float, params: tuple, memory, allocate):
         """K = 0: C = beta * C, with nothing added. On the host in float64
