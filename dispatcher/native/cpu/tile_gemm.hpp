@@ -1,11 +1,12 @@
 // The CPU tile library that generated gemm-dispatcher sources instantiate.
 //
-// A kernel is a `Traits` type (dtypes, block tile, micro-tile, layouts) and
-// three building blocks every variant shares:
+// A kernel is a `Traits` type (dtypes, block tile, micro-tile, layouts, the
+// micro-kernel's arithmetic: a policy of dot_ops.hpp) and three building
+// blocks every variant shares:
 //   accumulate_tile  - one output block over a K range: packs A and B into
 //                      zero-padded panels (converting any storage dtype to the
-//                      compute type while packing) and runs the register-blocked
-//                      micro-kernel over them;
+//                      policy's packed types while packing) and runs the
+//                      register-blocked micro-kernel over them;
 //   store_tile       - the epilogue: alpha/beta, then the fused bias and
 //                      activation an `Epilogue` type names, converting to the
 //                      output dtype;
@@ -31,6 +32,7 @@
 #include <type_traits>
 #include <string>
 
+#include "dot_ops.hpp"
 #include "dispatcher_abi.h"
 
 namespace dcpu {
@@ -38,7 +40,8 @@ namespace dcpu {
 // ---------------------------------------------------------------- codecs ----
 // A codec names the storage type of one operand and converts it to and from
 // the compute type. Everything is converted while packing, so the
-// micro-kernel only ever sees the compute type (float or int32).
+// micro-kernel only ever sees the packed type of its policy (the compute
+// type, float or int32, or the narrow type a dot-product instruction takes).
 
 struct F32 {
     using storage = float;
@@ -109,7 +112,7 @@ struct I32 {
 
 // ---------------------------------------------------------------- traits ----
 template <class A_, class B_, class C_, int MC_, int NC_, int KC_, int MR_, int NR_,
-          bool ARow_, bool BRow_, int VecBytes_, int Threads_>
+          bool ARow_, bool BRow_, int VecBytes_, int Threads_, class Dot_ = Fma>
 struct Traits {
     using A = A_;
     using B = B_;
@@ -123,6 +126,21 @@ struct Traits {
     static constexpr int vec_bytes = VecBytes_;
     static constexpr int threads = Threads_;  // 0: all OpenMP threads
     static_assert((NR_ * sizeof(Acc)) % VecBytes_ == 0, "NR must fill whole vectors");
+
+    // Packed panels (see `pack_sliver`): element types and the k group.
+    using Dot = Dot_;
+    using PA = typename Dot_::template A<A_>;
+    using PB = typename Dot_::template B<B_>;
+    static constexpr int KG = Dot_::KG;
+    static_assert(KG * sizeof(PA) == sizeof(Acc) && KG * sizeof(PB) == sizeof(Acc),
+                  "a k group fills one accumulator lane");
+    static constexpr size_t groups(int kc) { return size_t(kc + KG - 1) / KG; }
+    static constexpr size_t a_sliver_bytes(int kc) {
+        return groups(kc) * MR * KG * sizeof(PA) + (Dot_::row_offset_scale ? MR * sizeof(int32_t) : 0);
+    }
+    static constexpr size_t b_sliver_bytes(int kc) { return groups(kc) * NR * KG * sizeof(PB); }
+    static constexpr size_t a_panel_bytes = size_t(MC / MR) * a_sliver_bytes(KC);
+    static constexpr size_t b_panel_bytes = size_t(NC / NR) * b_sliver_bytes(KC);
 };
 
 // ------------------------------------------------------------- epilogue ----
@@ -307,7 +325,7 @@ struct AlignedFree {
 };
 
 template <class T>
-void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out);
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out);
 
 // Packed panels and the block accumulator, one set per thread, grown on demand.
 //
@@ -320,24 +338,24 @@ template <class T>
 struct Buffers {
     using Acc = typename T::Acc;
     static constexpr size_t kPanelCacheBytes = size_t(64) << 20;
-    std::unique_ptr<Acc, AlignedFree> a_panel, b_panels, acc;
-    size_t b_capacity = 0;              // elements in b_panels
+    std::unique_ptr<unsigned char, AlignedFree> a_panel, b_panels;
+    std::unique_ptr<Acc, AlignedFree> acc;
+    size_t b_capacity = 0;              // bytes in b_panels
     uint64_t b_generation = 0;          // launch whose panels b_panels holds
     int64_t b_column = -1;              // their column start j0
     std::unique_ptr<bool[]> b_packed;   // which K blocks are packed
     size_t b_blocks = 0;
 
-    static Acc* make(size_t count) {
-        size_t bytes = (count * sizeof(Acc) + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, bytes);
+    static void* make(size_t bytes) {
+        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!p) throw std::bad_alloc();
-        return static_cast<Acc*>(p);
+        return p;
     }
     static Buffers& local() {
         static thread_local Buffers buffers;
         if (!buffers.acc) {
-            buffers.a_panel.reset(make(size_t(T::MC) * T::KC));
-            buffers.acc.reset(make(size_t(T::MC) * T::NC));
+            buffers.a_panel.reset(static_cast<unsigned char*>(make(T::a_panel_bytes)));
+            buffers.acc.reset(static_cast<Acc*>(make(size_t(T::MC) * T::NC * sizeof(Acc))));
         }
         return buffers;
     }
@@ -348,17 +366,17 @@ struct Buffers {
         return b_generation == P.generation && b_column == j0 && block < b_blocks && b_packed[block];
     }
     // The packed panel of K block `block` of column j0, packing it if needed.
-    const Acc* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
-        const size_t panel = size_t(T::KC) * T::NC;
+    const unsigned char* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
+        const size_t panel = T::b_panel_bytes;
         const size_t blocks = size_t(P.k_iters());
         // Caching pays off only if this thread computes another tile of the
         // column; else a cached panel is written to memory and never read
         // again (on long-K problems that doubles B's memory traffic).
         const bool reused = P.reuse_b_panels && P.tiles_m() > 1;
-        const bool cacheable = reused && blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
+        const bool cacheable = reused && blocks * panel <= kPanelCacheBytes;
         const size_t want = cacheable ? blocks : 1;
         if (b_capacity < want * panel) {
-            b_panels.reset(make(want * panel));
+            b_panels.reset(static_cast<unsigned char*>(make(want * panel)));
             b_capacity = want * panel;
             b_generation = 0;
         }
@@ -377,7 +395,7 @@ struct Buffers {
             b_column = j0;
         }
         const size_t block = size_t(kb / T::KC);
-        Acc* dst = b_panels.get() + block * panel;
+        unsigned char* dst = b_panels.get() + block * panel;
         if (!b_packed[block]) {
             pack_b<T>(P, kb, kc, j0, nc, dst);
             b_packed[block] = true;
@@ -387,76 +405,94 @@ struct Buffers {
 };
 
 // ---------------------------------------------------------------- packing ----
-// A block (mc x kc) -> MR-row slivers, each stored k-major: out[(s*kc+p)*MR+i].
+// A block (mc x kc) is packed as MR-row slivers and a B block (kc x nc) as
+// NR-column slivers, each ceil(kc / KG) k groups deep: group g holds the KG
+// consecutive k values g*KG.. of each of the sliver's R lines (rows of A,
+// columns of B) side by side, zero past kc and past the block's edge:
+// sliver[(g * R + line) * KG + q] = X[line][g * KG + q]. (KG 1 is the classic
+// k-major panel.) element(line, p) reads the source, already packed.
+// Loops run k outer and lines inner: the stores are contiguous, and every
+// layout reads contiguously either along the lines (row-major A is read as
+// MR sequential streams, 2x faster than row by row).
+template <int R, int KG, class PT, class Element>
+inline void pack_sliver(PT* __restrict dst, int lines, int kc, PT zero, Element element) {
+    const int whole = kc / KG;
+    if (lines == R) {
+        for (int g = 0; g < whole; ++g)
+#pragma GCC unroll 16
+            for (int l = 0; l < R; ++l)
+#pragma GCC unroll 4
+                for (int q = 0; q < KG; ++q) dst[(g * R + l) * KG + q] = element(l, g * KG + q);
+    } else {
+        for (int g = 0; g < whole; ++g)
+            for (int l = 0; l < R; ++l)
+                for (int q = 0; q < KG; ++q)
+                    dst[(g * R + l) * KG + q] = l < lines ? element(l, g * KG + q) : zero;
+    }
+    if (whole * KG < kc)  // the last, partial group
+        for (int l = 0; l < R; ++l)
+            for (int q = 0; q < KG; ++q) {
+                const int p = whole * KG + q;
+                dst[(whole * R + l) * KG + q] = l < lines && p < kc ? element(l, p) : zero;
+            }
+}
+
+// A block (mc x kc) at (i0, k0) -> MR-row slivers. A policy with row offsets
+// (dot_ops.hpp) appends each row's: row_offset_scale x the sum of its A values.
 template <class T>
-void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typename T::Acc* out) {
-    using Acc = typename T::Acc;
-    constexpr int MR = T::MR;
+void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, unsigned char* out) {
+    using Dot = typename T::Dot;
+    using PA = typename T::PA;
+    using Codec = typename T::A;
+    constexpr int MR = T::MR, KG = T::KG;
+    const PA zero = Dot::template pack_a<Codec>(typename Codec::storage{});
+    const int64_t lda = P.lda;
     const int slivers = (mc + MR - 1) / MR;
     for (int s = 0; s < slivers; ++s) {
-        Acc* __restrict dst = out + size_t(s) * kc * MR;
+        PA* dst = reinterpret_cast<PA*>(out + s * T::a_sliver_bytes(kc));
         const int rows = std::min(MR, mc - s * MR);
-        if (T::a_row && rows == MR) {
-            // Full sliver of row-major A: k outer, rows inner, so stores are
-            // contiguous and each row is one sequential read stream (2x faster).
-            const auto* src = P.a + (i0 + s * MR) * P.lda + k0;
-            const int64_t lda = P.lda;
-            for (int p = 0; p < kc; ++p)
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; ++i) dst[p * MR + i] = T::A::load(src[i * lda + p]);
-            continue;
+        if constexpr (T::a_row) {
+            const auto* src = P.a + (i0 + s * MR) * lda + k0;
+            pack_sliver<MR, KG>(dst, rows, kc, zero, [&](int i, int p) {
+                return Dot::template pack_a<Codec>(src[i * lda + p]); });
+        } else {
+            const auto* src = P.a + k0 * lda + i0 + s * MR;
+            pack_sliver<MR, KG>(dst, rows, kc, zero, [&](int i, int p) {
+                return Dot::template pack_a<Codec>(src[p * lda + i]); });
         }
-        for (int i = 0; i < MR; ++i) {
-            if (i >= rows) {
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = Acc(0);
-                continue;
+        if constexpr (Dot::row_offset_scale != 0) {
+            int32_t offsets[MR];
+            for (int i = 0; i < MR; ++i) {
+                int32_t sum = 0;
+                for (size_t e = 0; e < T::groups(kc) * KG; ++e) sum += dst[(e / KG * MR + i) * KG + e % KG];
+                offsets[i] = Dot::row_offset_scale * sum;
             }
-            const int64_t row = i0 + s * MR + i;
-            if constexpr (T::a_row) {
-                const auto* src = P.a + row * P.lda + k0;
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p]);
-            } else {
-                const auto* src = P.a + k0 * P.lda + row;
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p * P.lda]);
-            }
+            std::memcpy(dst + T::groups(kc) * MR * KG, offsets, sizeof offsets);
         }
     }
 }
 
-// B block (kc x nc) -> NR-column slivers, each stored k-major: out[(s*kc+p)*NR+j].
+// B block (kc x nc) at (k0, j0) -> NR-column slivers.
 template <class T>
-void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out) {
-    using Acc = typename T::Acc;
-    constexpr int NR = T::NR;
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out) {
+    using Dot = typename T::Dot;
+    using PB = typename T::PB;
+    using Codec = typename T::B;
+    constexpr int NR = T::NR, KG = T::KG;
+    const PB zero = Dot::template pack_b<Codec>(typename Codec::storage{});
+    const int64_t ldb = P.ldb;
     const int slivers = (nc + NR - 1) / NR;
     for (int s = 0; s < slivers; ++s) {
-        Acc* dst = out + size_t(s) * kc * NR;
+        PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
         const int cols = std::min(NR, nc - s * NR);
-        const int64_t col0 = j0 + s * NR;
         if constexpr (T::b_row) {
-            for (int p = 0; p < kc; ++p) {
-                const auto* src = P.b + (k0 + p) * P.ldb + col0;
-                Acc* d = dst + size_t(p) * NR;
-                for (int j = 0; j < cols; ++j) d[j] = T::B::load(src[j]);
-                for (int j = cols; j < NR; ++j) d[j] = Acc(0);
-            }
-        } else if (cols == NR) {
-            // Full sliver of column-major B: as for row-major A above.
-            const auto* src = P.b + col0 * P.ldb + k0;
-            const int64_t ldb = P.ldb;
-            for (int p = 0; p < kc; ++p)
-#pragma GCC unroll 32
-                for (int j = 0; j < NR; ++j) dst[p * NR + j] = T::B::load(src[j * ldb + p]);
+            const auto* src = P.b + k0 * ldb + j0 + s * NR;
+            pack_sliver<NR, KG>(dst, cols, kc, zero, [&](int j, int p) {
+                return Dot::template pack_b<Codec>(src[p * ldb + j]); });
         } else {
-            // Column-major B: read each column contiguously along k.
-            for (int j = 0; j < NR; ++j) {
-                if (j >= cols) {
-                    for (int p = 0; p < kc; ++p) dst[p * NR + j] = Acc(0);
-                    continue;
-                }
-                const auto* src = P.b + (col0 + j) * P.ldb + k0;
-                for (int p = 0; p < kc; ++p) dst[p * NR + j] = T::B::load(src[p]);
-            }
+            const auto* src = P.b + (j0 + s * NR) * ldb + k0;
+            pack_sliver<NR, KG>(dst, cols, kc, zero, [&](int j, int p) {
+                return Dot::template pack_b<Codec>(src[j * ldb + p]); });
         }
     }
 }
@@ -503,17 +539,23 @@ Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int
 }
 
 // ----------------------------------------------------------- micro-kernel ----
-// MR x NR outer products over kc steps, every accumulator in a register.
-// Written with GCC vector extensions so -march picks the instructions.
+// MR x NR accumulators in registers over the k groups of one A and one B
+// sliver: each step multiplies one group of each row of A, broadcast, with
+// the NR / lanes vectors of B's groups (T::Dot's instruction). Written with
+// GCC vector extensions so -march picks the instructions where the policy
+// does not name them.
 template <class T>
-inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
-                         const typename T::Acc* __restrict bp, typename T::Acc* __restrict c,
+inline void micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                         const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
                          int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
     using Acc = typename T::Acc;
+    using Dot = typename T::Dot;
     constexpr int VL = T::vec_bytes / sizeof(Acc);
     constexpr int NV = T::NR / VL;
-    constexpr int MR = T::MR;
+    constexpr int MR = T::MR, KG = T::KG;
     typedef Acc vec __attribute__((vector_size(T::vec_bytes)));
+    const auto* ap = reinterpret_cast<const typename T::PA*>(a_sliver);
+    const auto* bp = reinterpret_cast<const typename T::PB*>(b_sliver);
 
     vec acc[MR][NV];
 #pragma GCC unroll 32
@@ -525,19 +567,30 @@ inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
             else
                 acc[i][v] = vec{};
         }
-    for (int p = 0; p < kc; ++p) {
+    const int groups = static_cast<int>(T::groups(kc));
+    for (int p = 0; p < groups; ++p) {
         prefetch.next();
         vec b[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL, sizeof(vec));
+        for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL * KG, sizeof(vec));
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
-            const Acc a = ap[i];
+            const auto a = Dot::template group<vec>(ap + i * KG);
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+            for (int v = 0; v < NV; ++v) acc[i][v] = Dot::step(acc[i][v], a, b[v]);
         }
-        ap += MR;
-        bp += T::NR;
+        ap += MR * KG;
+        bp += T::NR * KG;
+    }
+    if constexpr (Dot::row_offset_scale != 0) {
+        // The rows' offsets follow the sliver's groups; added modulo 2^32.
+        typedef uint32_t uvec __attribute__((vector_size(T::vec_bytes)));
+        int32_t offsets[MR];
+        std::memcpy(offsets, ap, sizeof offsets);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) acc[i][v] = (vec)((uvec)acc[i][v] + uint32_t(offsets[i]));
     }
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
@@ -557,7 +610,7 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
     for (int64_t kb = k0; kb < k1; kb += T::KC) {
         const int kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - kb));
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
-        const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
+        const unsigned char* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
         LinePrefetcher prefetch(P.after_a, P.after_b);
         if (const int64_t next = kb + T::KC; next < k1) {
@@ -569,8 +622,8 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         }
         for (int sn = 0; sn < n_slivers; ++sn)
             for (int sm = 0; sm < m_slivers; ++sm)
-                micro_kernel<T>(kc, buf.a_panel.get() + size_t(sm) * kc * T::MR,
-                                b_panel + size_t(sn) * kc * T::NR,
+                micro_kernel<T>(kc, buf.a_panel.get() + sm * T::a_sliver_bytes(kc),
+                                b_panel + sn * T::b_sliver_bytes(kc),
                                 acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add,
                                 prefetch);
     }

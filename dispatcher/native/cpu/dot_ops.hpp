@@ -1,0 +1,172 @@
+// The micro-kernel's arithmetic: one policy per instruction family.
+//
+// Packed panels hold KG consecutive k values of one row of A (or one column
+// of B) side by side in one 32-bit group, so one instruction multiplies the
+// group of one row of A, broadcast, with a vector of B's column groups and
+// adds the KG products of each lane into its accumulator:
+//
+//   Fma      KG 1: the compute type (float FMAs, int32 multiply-adds); any ISA
+//   MaddI16  KG 2: int8 as int16 pairs, pmaddwd (x86: SSE2, AVX2, AVX-512BW);
+//            exact: |a0*b0 + a1*b1| <= 2^15, far from pmaddwd's one
+//            saturating case (all four inputs -2^15)
+//   DotU8S8  KG 4: vpdpbusd (AVX512-VNNI, AVX-VNNI), unsigned x signed bytes:
+//            B is packed offset by 128 (u = b + 128) and each A row's sum,
+//            times -128, is added once per sliver: sum a (b + 128) - 128 sum a
+//            = sum a b. The accumulator may wrap on the way (vpdpbusd does
+//            not saturate); all arithmetic is modulo 2^32, so the result is
+//            exact wherever the exact sum fits int32 (problem.py's K bound)
+//   DotBf16  KG 2: bf16 pairs, vdpbf16ps (AVX512-BF16) / bfdot (aarch64 BF16),
+//            float32 accumulation; bf16 and 8-bit float inputs are bf16
+//            values exactly. Both instructions treat subnormal bf16 inputs as
+//            zero; bfdot (without FEAT_EBF16) also rounds to odd
+//   DotS8    KG 4: sdot (aarch64 DotProd), signed x signed bytes
+//
+// A policy says how a storage value is packed (pack_a, pack_b, into its
+// packed types A and B), how a group of A becomes a step's operand (group)
+// and what one step does (step). A policy whose A slivers end with one int32
+// per row to add to that row's accumulators says so with row_offset_scale
+// (the offset is row_offset_scale times the row's sum of A).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+namespace dcpu {
+
+// The 32-bit group at p, in every 32-bit lane of a V.
+template <class V, class G>
+inline V broadcast_group(const G* p) {
+    typedef uint32_t U __attribute__((vector_size(sizeof(V))));
+    uint32_t bits;
+    std::memcpy(&bits, p, sizeof bits);
+    return (V)(U{} + bits);
+}
+
+// The bf16 encoding of a float that is a bf16 value (its upper half).
+inline uint16_t bf16_bits(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+struct Fma {
+    static constexpr int KG = 1;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = typename Codec::compute;
+    template <class Codec> using B = typename Codec::compute;
+    template <class Codec>
+    static typename Codec::compute pack_a(typename Codec::storage v) { return Codec::load(v); }
+    template <class Codec>
+    static typename Codec::compute pack_b(typename Codec::storage v) { return Codec::load(v); }
+    template <class V, class PA>
+    static inline PA group(const PA* a) { return a[0]; }
+    template <class V, class S>
+    static inline V step(V acc, S a, V b) { return acc + a * b; }
+};
+
+#if defined(__SSE2__)
+struct MaddI16 {
+    static constexpr int KG = 2;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = int16_t;
+    template <class Codec> using B = int16_t;
+    template <class Codec>
+    static int16_t pack_a(typename Codec::storage v) { return static_cast<int16_t>(Codec::load(v)); }
+    template <class Codec>
+    static int16_t pack_b(typename Codec::storage v) { return static_cast<int16_t>(Codec::load(v)); }
+    template <class V>
+    static inline V group(const int16_t* a) { return broadcast_group<V>(a); }
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+        if constexpr (sizeof(V) == 64)
+            return acc + (V)_mm512_madd_epi16((__m512i)a, (__m512i)b);
+        else if constexpr (sizeof(V) == 32)
+            return acc + (V)_mm256_madd_epi16((__m256i)a, (__m256i)b);
+        else
+            return acc + (V)_mm_madd_epi16((__m128i)a, (__m128i)b);
+    }
+};
+#endif
+
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+struct DotU8S8 {
+    static constexpr int KG = 4;
+    static constexpr int32_t row_offset_scale = -128;
+    template <class Codec> using A = int8_t;
+    template <class Codec> using B = uint8_t;
+    template <class Codec>
+    static int8_t pack_a(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class Codec>
+    static uint8_t pack_b(typename Codec::storage v) { return static_cast<uint8_t>(Codec::load(v) + 128); }
+    template <class V>
+    static inline V group(const int8_t* a) { return broadcast_group<V>(a); }
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+        static_assert(sizeof(V) == 64 || sizeof(V) == 32, "VNNI vectors are 256- or 512-bit");
+#if defined(__AVX512VNNI__)
+        if constexpr (sizeof(V) == 64)
+            return (V)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)b, (__m512i)a);
+        else
+            return (V)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)b, (__m256i)a);
+#else
+        return (V)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)b, (__m256i)a);
+#endif
+    }
+};
+#endif
+
+#if defined(__AVX512BF16__) || defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+struct DotBf16 {
+    static constexpr int KG = 2;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = uint16_t;
+    template <class Codec> using B = uint16_t;
+    template <class Codec>
+    static uint16_t pack_a(typename Codec::storage v) { return bf16_bits(Codec::load(v)); }
+    template <class Codec>
+    static uint16_t pack_b(typename Codec::storage v) { return bf16_bits(Codec::load(v)); }
+    template <class V>
+    static inline V group(const uint16_t* a) { return broadcast_group<V>(a); }
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+#if defined(__AVX512BF16__)
+        if constexpr (sizeof(V) == 64)
+            return (V)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+        else
+            return (V)_mm256_dpbf16_ps((__m256)acc, (__m256bh)a, (__m256bh)b);
+#else
+        static_assert(sizeof(V) == 16, "NEON vectors are 128-bit");
+        return (V)vbfdotq_f32((float32x4_t)acc, (bfloat16x8_t)a, (bfloat16x8_t)b);
+#endif
+    }
+};
+#endif
+
+#if defined(__ARM_FEATURE_DOTPROD)
+struct DotS8 {
+    static constexpr int KG = 4;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = int8_t;
+    template <class Codec> using B = int8_t;
+    template <class Codec>
+    static int8_t pack_a(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class Codec>
+    static int8_t pack_b(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class V>
+    static inline V group(const int8_t* a) { return broadcast_group<V>(a); }
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+        static_assert(sizeof(V) == 16, "NEON vectors are 128-bit");
+        return (V)vdotq_s32((int32x4_t)acc, (int8x16_t)b, (int8x16_t)a);
+    }
+};
+#endif
+
+}  // namespace dcpu
