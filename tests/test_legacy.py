@@ -67,7 +67,7 @@ def test_every_reference_config_migrates_for_every_isa(filename, isa):
 
 
 def test_micro_tile_is_the_isa_default_when_it_divides_else_the_largest_valid_one():
-    avx512, avx2 = cpu_isa.get("avx512"), cpu_isa.get("avx2")
+    avx512, avx2 = cpu_isa.ISAS["avx512"], cpu_isa.ISAS["avx2"]
     assert cpu.micro_tile_for(avx512, [96, 192], [64]) == (12, 32)
     assert cpu.micro_tile_for(avx512, [128, 256], [128]) == (8, 32)
     assert cpu.micro_tile_for(avx2, [128], [128]) == (4, 16)   # not 8x32: 37 registers of 16
