@@ -71,7 +71,8 @@ def test_flags_name_a_fixed_isa_never_the_build_machine():
         assert flags and not any(f.endswith("=native") for f in flags), (spec, flags)
     assert cpu_isa.get("avx512+bf16+vnni").march == ("-march=x86-64-v4", "-mtune=generic",
                                                      "-mavx512bf16", "-mavx512vnni")
-    assert cpu_isa.get("neon+dotprod+i8mm").march == ("-march=armv8-a+dotprod+i8mm",)
+    assert cpu_isa.get("neon+dotprod+i8mm").march == ("-march=armv8.2-a+dotprod+i8mm",)
+    assert cpu_isa.get("neon").march == ("-march=armv8-a",)
     tc = CPU.toolchain()
     assert not any(f.endswith("=native") for f in tc.flags)
     assert set(cpu_isa.active().march) <= set(tc.flags)

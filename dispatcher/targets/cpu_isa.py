@@ -54,7 +54,10 @@ class Extension:
     title: what vendors call it.
     needs: /proc/cpuinfo flags a machine must report to run it.
     flags: compiler flags that enable it; one starting with "+" extends the
-        base's -march value (aarch64's `-march=armv8-a+dotprod`).
+        base's -march value (aarch64's `-march=armv8.2-a+dotprod`).
+    level: the architecture level it needs, which replaces the base's in
+        -march (aarch64's extensions are features of Armv8.2-A and later, and
+        GCC's intrinsics for them refuse an armv8-a caller).
     """
 
     name: str
@@ -62,6 +65,7 @@ class Extension:
     needs: frozenset
     flags: tuple
     description: str
+    level: str = ""
 
 
 @attrs.frozen
@@ -182,11 +186,12 @@ ISAS = {
             (12, 8), "aarch64 (Armv8-A): NEON, 128-bit vectors, 32 registers",
             extensions=(
                 Extension("dotprod", "DotProd", frozenset({"asimddp"}), ("+dotprod",),
-                          "sdot: four int8 products per int32 lane"),
+                          "sdot: four int8 products per int32 lane", "armv8.2-a"),
                 Extension("bf16", "BF16", frozenset({"bf16"}), ("+bf16",),
-                          "bfdot: two bf16 products per float32 lane (bf16 and fp8 inputs)"),
+                          "bfdot: two bf16 products per float32 lane (bf16 and fp8 inputs)",
+                          "armv8.2-a"),
                 Extension("i8mm", "I8MM", frozenset({"i8mm"}), ("+i8mm",),
-                          "smmla: a 2x8 by 8x2 int8 matrix product per instruction"),
+                          "smmla: a 2x8 by 8x2 int8 matrix product per instruction", "armv8.2-a"),
             ),
             micro_kernels=(
                 MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",)),
@@ -213,9 +218,12 @@ class Spec:
 
     @property
     def march(self) -> tuple:
-        """Compiler flags: the base's, "+x" ones appended to its -march value."""
+        """Compiler flags: the base's (at the extensions' level), "+x" ones
+        appended to its -march value, then the others."""
         suffix = "".join(f for e in self.extensions for f in e.flags if f.startswith("+"))
-        base = tuple(f + suffix if f.startswith("-march=") else f for f in self.isa.march)
+        level = max((e.level for e in self.extensions), default="")
+        base = tuple(("-march=" + (level or f.split("=", 1)[1]) + suffix) if f.startswith("-march=") else f
+                     for f in self.isa.march)
         return base + tuple(dict.fromkeys(f for e in self.extensions for f in e.flags
                                           if not f.startswith("+")))
 
