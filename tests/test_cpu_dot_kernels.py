@@ -1,0 +1,150 @@
+"""Every micro-kernel of this machine's ISAs (`cpu_isa`, `native/cpu/dot_ops.hpp`),
+each with its own ISA spec, against the float64 reference on the same
+quantized inputs, into poisoned outputs: every dtype it computes, every
+variant (regular, stream-K split over workers, grouped, batched with a fused
+bias and activation), K blocks that end in a partial k group, and for int8
+the full range and the deepest K the int32 rule allows.
+
+A micro-kernel whose extension this machine lacks is skipped with the reason
+(its code is still compiled, and checked to hold its instruction); on a
+machine that has it (the GPU host's Xeon: AVX512-BF16, VNNI, AMX) it runs:
+`benchmarks/cpu_isa_check.sh`. The dtype x layout parity matrix runs the
+active spec's micro-kernels (`-m parity`, rerun by CI per extension setting).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import dtypes, targets
+from dispatcher.plugins import get_manager
+from dispatcher.problem import _deepest_exact_k, prepare_gemm, prepare_grouped
+from dispatcher.targets import cpu_isa
+from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
+
+CPU = targets.get("cpu")
+# tile_k 30: every K block of an int8 kernel ends in a partial k group of 4.
+TILE = dict(tile_m=24, tile_n=64, tile_k=30)
+SHAPES = [(37, 53, 71), (1, 1, 1), (131, 7, 257)]
+# One layout of A and B per variant: each variant one kernel, all four layouts in all.
+LAYOUTS = {"regular": "rc", "stream_k": "cr", "grouped": "rr", "batched": "cc"}
+# The instruction each x86 micro-kernel is built around (NEON's: test_neon_qemu.py).
+INSTRUCTIONS = {"dcpu::DotBf16": "vdpbf16ps", "dcpu::DotU8S8": "vpdpbusd", "dcpu::MaddI16": "pmaddwd"}
+
+
+def kernel_spec(isa: cpu_isa.Isa, kernel: cpu_isa.MicroKernel) -> str:
+    """The spec a micro-kernel is built for: its base and the extensions it needs."""
+    return cpu_isa.Spec(isa, tuple(isa.extension(e) for e in kernel.needs)).name
+
+
+HOST = [(kernel_spec(isa, kernel), kernel) for isa in cpu_isa.ISAS.values()
+        if isa.machine == cpu_isa.host_machine() for kernel in isa.micro_kernels]
+# The first dtype of a micro-kernel runs every variant; its others run regular.
+CASES = [pytest.param(spec, dtype, variant, id=f"{spec}-{dtype}-{variant}")
+         for spec, kernel in HOST for i, dtype in enumerate(sorted(kernel.dtypes))
+         for variant in (("regular", "stream_k", "grouped", "batched") if i == 0 else ("regular",))]
+
+
+def runnable(spec: str) -> None:
+    reason = cpu_isa.why_not_runnable(cpu_isa.get(spec))
+    if reason:
+        pytest.skip(reason)
+
+
+def full_range(rows, cols, dtype, layout, rng):
+    """int8 over its whole range (the VNNI offset and pmaddwd's pairs at their
+    extremes), other dtypes as every test draws them."""
+    if dtype != "int8":
+        return random_matrix(rows, cols, dtype, layout, rng)
+    x = rng.integers(-128, 128, size=(rows, cols)).astype(np.int8)
+    return np.asfortranarray(x) if layout == "c" else x
+
+
+def poisoned(shape, dtype):
+    return lambda *_: poison(np.empty(shape, dtypes.output_for(dtype).numpy))
+
+
+def run_variant(variant, spec, dtype, a, b, bias=None):
+    """alpha * a @ b (+ bias, relu) through `variant` with `spec`'s kernel, into poison."""
+    d = dispatcher.api.default_dispatcher()
+    config = dict(TILE, isa=spec)
+    m, n = a.shape[0], b.shape[1]
+    if variant == "grouped":
+        problem, operands, (out,) = prepare_grouped([a], [b], allocate=poisoned((m, n), dtype))
+        d.run(problem, operands, config)
+        return out
+    if variant == "batched":
+        out = poisoned((2, m, n), dtype)()
+        dispatcher.matmul(np.stack([a, a[::-1]]), b, out=out, bias=bias, activation="relu", config=config)
+        return out
+    problem, operands, out = prepare_gemm(a, b, variant=variant, allocate=poisoned((m, n), dtype))
+    if variant == "stream_k":  # tiles split three ways
+        config.update(reduction="atomic" if dtype == "int8" else "linear", decomposition="hybrid")
+    d.run(problem, operands, config, {"workers": 3} if variant == "stream_k" else None)
+    return out
+
+
+@pytest.mark.parametrize("spec, dtype, variant", CASES)
+def test_micro_kernel_matches_reference(spec, dtype, variant, rng):
+    runnable(spec)
+    config = dispatcher.KernelConfig.create(variant="regular" if variant == "grouped" else variant,
+                                            dtype=dtype, isa=spec, **TILE)
+    assert config.target_params["isa"] == spec, "the kernel is built for the spec under test"
+    layout = LAYOUTS[variant]
+    for m, n, k in SHAPES:
+        a, b = full_range(m, k, dtype, layout[0], rng), full_range(k, n, dtype, layout[1], rng)
+        if variant == "batched":
+            bias = random_matrix(1, n, dtypes.output_for(dtype).token, "r", rng)[0]
+            out = run_variant(variant, spec, dtype, a, b, bias)
+            expected = np.maximum(np.stack([reference(a, b), reference(a[::-1], b)]) +
+                                  bias.astype(np.float64), 0.0)
+        else:
+            out = run_variant(variant, spec, dtype, a, b)
+            expected = reference(a, b)
+        err = max_rel(out, expected)
+        assert err <= tolerance(config, k), (spec, dtype, variant, (m, n, k), err)
+
+
+@pytest.mark.parametrize("spec", sorted({spec for spec, kernel in HOST if "int8" in kernel.dtypes}))
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_int8_is_exact_at_the_deepest_k(spec, variant):
+    """-128 x -128 products summed over the deepest K the int32 rule allows
+    reach 2^31 - 16384: exact, with VNNI's offset sums wrapping on the way."""
+    runnable(spec)
+    k = _deepest_exact_k("int8")
+    a = np.full((3, k), -128, np.int8, order="C" if LAYOUTS[variant][0] == "r" else "F")
+    b = np.full((k, 5), -128, np.int8, order="C" if LAYOUTS[variant][1] == "r" else "F")
+    b[:, 1], b[::2, 2], a[1, ::3] = 127, 127, 127
+    out = run_variant(variant, spec, "int8", a, b)
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    assert expected.max() == 16384 * k and expected.max() <= np.iinfo(np.int32).max
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_micro_kernels_this_machine_cannot_run_compile_to_their_instruction(tmp_path):
+    """Each one's regular kernel, for its first dtype, built in parallel."""
+    kernels = [(kernel, dispatcher.KernelConfig.create(dtype=sorted(kernel.dtypes)[0], isa=spec, **TILE))
+               for spec, kernel in HOST if cpu_isa.why_not_runnable(cpu_isa.get(spec))]
+    if not kernels:
+        pytest.skip("this machine runs every micro-kernel of its ISAs")
+    if not shutil.which("objdump"):
+        pytest.skip("needs objdump (binutils)")
+
+    def disassemble(config):
+        source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)  # Dispatcher refuses it
+        (name, text), = source.files
+        (tmp_path / name).write_text(text)
+        library = tmp_path / f"{config.name}.so"
+        CPU.toolchain(config).compile(tmp_path / name, library, source.flags)
+        return subprocess.run(["objdump", "-d", str(library)], capture_output=True, text=True).stdout
+
+    with ThreadPoolExecutor(max_workers=len(kernels)) as pool:
+        listings = list(pool.map(disassemble, [config for _, config in kernels]))
+    for (kernel, config), listing in zip(kernels, listings):
+        assert INSTRUCTIONS[kernel.cpp] in listing, f"{config.name} has no {INSTRUCTIONS[kernel.cpp]}"
