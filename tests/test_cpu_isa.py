@@ -127,7 +127,7 @@ def machine(monkeypatch):
     """Pretend this machine's /proc/cpuinfo reports the flags given to the
     returned function (x86-64); the ISA caches are cleared around it."""
     def fake(flags):
-        monkeypatch.setattr(cpu_isa, "_cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(flags))
         monkeypatch.setattr(cpu_isa, "host_machine", lambda: "x86_64")
         cpu_isa._active.cache_clear()
         cpu_isa.get.cache_clear()
@@ -161,6 +161,16 @@ def test_env_turns_each_extension_off_and_on(machine, monkeypatch):
     # a config of an extension the machine lacks is refused before building, naming it
     config = dispatcher.KernelConfig.create(dtype="int8", isa="avx2+vnni", tile_m=24, tile_n=64)
     assert "avx_vnni (AVX-VNNI)" in CPU.check(config)
+
+
+def test_ci_reruns_parity_with_each_extension_off(machine):
+    """The settings .ci/run and benchmarks/cpu_isa_check.sh rerun the parity
+    tests under: each used extension of the best base off, each other base
+    with and without its extensions (fp16 changes no kernel: not rerun)."""
+    machine(AVX512_FLAGS | {"avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni"})
+    assert cpu_isa.parity_settings() == ["avx512-bf16", "avx512-vnni", "avx2+vnni", "avx2-vnni", "generic"]
+    machine(cpu_isa.ISAS["avx2"].needs)
+    assert cpu_isa.parity_settings() == ["generic"]
 
 
 def test_env_chooses_the_isa_and_refuses_what_this_machine_cannot_run(monkeypatch):

@@ -250,7 +250,7 @@ def host_machine() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset:
+def cpu_flags() -> frozenset:
     """The feature flags /proc/cpuinfo reports (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -268,7 +268,7 @@ def why_not_runnable(spec) -> str | None:
     isa = spec.isa
     if isa.machine != host_machine():
         return f"ISA {isa.name} is for {isa.machine} machines; this one is {host_machine()}"
-    flags = _cpu_flags()
+    flags = cpu_flags()
     missing = sorted(isa.needs - flags)
     if missing:
         return f"this CPU lacks {', '.join(missing)}, which ISA {isa.name} needs"
@@ -293,6 +293,20 @@ def best(isa: Isa) -> Spec:
 def runnable_specs() -> list:
     """What this machine runs, as text: each base with the extensions it has."""
     return [best(isa).name for isa in supported()]
+
+
+def parity_settings() -> list:
+    """The DISPATCHER_CPU_ISA values whose kernels differ from the default's
+    on this machine: each extension (that a micro-kernel uses) of the best
+    base turned off, then every other base with its extensions and with each
+    turned off. CI reruns the parity tests under each."""
+    settings = []
+    for i, isa in enumerate(supported()):
+        used = {name for kernel in isa.micro_kernels for name in kernel.needs}
+        if i:
+            settings.append(best(isa).name)
+        settings += [f"{isa.name}-{e.name}" for e in best(isa).extensions if e.name in used]
+    return settings
 
 
 _SPEC = re.compile(r"(\w+)((?:[+-]\w+)*)")
