@@ -23,6 +23,7 @@ import pytest
 
 import dispatcher
 from dispatcher import dtypes, targets
+from dispatcher.library import Library
 from dispatcher.plugins import get_manager
 from dispatcher.problem import _deepest_exact_k, prepare_gemm, prepare_grouped
 from dispatcher.targets import cpu_isa
@@ -34,6 +35,14 @@ TILE = dict(tile_m=24, tile_n=64, tile_k=30)
 SHAPES = [(37, 53, 71), (1, 1, 1), (131, 7, 257)]
 # One layout of A and B per variant: each variant one kernel, all four layouts in all.
 LAYOUTS = {"regular": "rc", "stream_k": "cr", "grouped": "rr", "batched": "cc"}
+
+
+def variant_options(variant, dtype) -> dict:
+    """Stream-K splits tiles three ways (workers=3); int32 partials are added
+    atomically, others in order (atomic takes fp32 and int32 outputs only)."""
+    if variant != "stream_k":
+        return {}
+    return dict(reduction="atomic" if dtype == "int8" else "linear", decomposition="hybrid")
 # The instruction each x86 micro-kernel is built around (NEON's: test_neon_qemu.py).
 INSTRUCTIONS = {"dcpu::DotBf16": "vdpbf16ps", "dcpu::DotU8S8": "vpdpbusd", "dcpu::MaddI16": "pmaddwd"}
 
@@ -70,8 +79,9 @@ def poisoned(shape, dtype):
     return lambda *_: poison(np.empty(shape, dtypes.output_for(dtype).numpy))
 
 
-def run_variant(variant, spec, dtype, a, b, bias=None):
-    """alpha * a @ b (+ bias, relu) through `variant` with `spec`'s kernel, into poison."""
+def run_variant(variant, spec, dtype, a, b, bias=None, library=None):
+    """alpha * a @ b (+ bias, relu) through `variant` with `spec`'s kernel (or
+    `library`, a kernel of that config built here), into poison."""
     d = dispatcher.api.default_dispatcher()
     config = dict(TILE, isa=spec)
     m, n = a.shape[0], b.shape[1]
@@ -84,9 +94,12 @@ def run_variant(variant, spec, dtype, a, b, bias=None):
         dispatcher.matmul(np.stack([a, a[::-1]]), b, out=out, bias=bias, activation="relu", config=config)
         return out
     problem, operands, out = prepare_gemm(a, b, variant=variant, allocate=poisoned((m, n), dtype))
-    if variant == "stream_k":  # tiles split three ways
-        config.update(reduction="atomic" if dtype == "int8" else "linear", decomposition="hybrid")
-    d.run(problem, operands, config, {"workers": 3} if variant == "stream_k" else None)
+    config.update(variant_options(variant, dtype))
+    options = {"workers": 3} if variant == "stream_k" else None
+    if library is None:
+        d.run(problem, operands, config, options)
+    else:
+        d.launch(library, problem, operands, options)
     return out
 
 
@@ -148,3 +161,53 @@ def test_micro_kernels_this_machine_cannot_run_compile_to_their_instruction(tmp_
         listings = list(pool.map(disassemble, [config for _, config in kernels]))
     for (kernel, config), listing in zip(kernels, listings):
         assert INSTRUCTIONS[kernel.cpp] in listing, f"{config.name} has no {INSTRUCTIONS[kernel.cpp]}"
+
+
+# vpdpbusd lane by lane: four unsigned x signed byte products added into the
+# int32 lane modulo 2^32, as the instruction does; runs on any x86 machine.
+EMULATED_VNNI = """
+struct EmulatedDotU8S8 : dcpu::PanelsU8S8 {
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+        uint8_t u[sizeof(V)];
+        int8_t s[sizeof(V)];
+        uint32_t lanes[sizeof(V) / 4];
+        std::memcpy(u, &b, sizeof u);
+        std::memcpy(s, &a, sizeof s);
+        std::memcpy(lanes, &acc, sizeof lanes);
+        for (size_t l = 0; l < sizeof(V) / 4; ++l)
+            for (int q = 0; q < 4; ++q) lanes[l] += uint32_t(int32_t(u[4 * l + q]) * s[4 * l + q]);
+        std::memcpy(&acc, lanes, sizeof lanes);
+        return acc;
+    }
+};
+"""
+
+
+@pytest.mark.skipif(cpu_isa.host_machine() != "x86_64", reason="DotU8S8 is an x86 micro-kernel")
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_vnni_panels_with_an_emulated_vpdpbusd(variant, tmp_path, rng):
+    """DotU8S8's own packing (B + 128, A's row offsets after each sliver,
+    partial k groups) and its accumulator wrapping on the way, checked on
+    every x86 machine: its kernel source with the instruction emulated."""
+    base = cpu_isa.supported()[0].name  # its int8 kernels use MaddI16 (no VNNI named)
+    config = dispatcher.KernelConfig.create(variant=variant, dtype="int8", layout=LAYOUTS[variant] + "r",
+                                            isa=base, **TILE, **variant_options(variant, "int8"))
+    source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)
+    (name, text), = source.files
+    assert text.count("dcpu::MaddI16") == 1
+    text = text.replace("dcpu::MaddI16", "EmulatedDotU8S8").replace("using KernelTraits",
+                                                                    EMULATED_VNNI + "using KernelTraits", 1)
+    (tmp_path / name).write_text(text)
+    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", source.flags)
+    library = Library(tmp_path / "kernel.so", expected_name=config.name, config=config)
+    k = _deepest_exact_k("int8")
+    extremes = (np.full((3, k), -128, np.int8), np.full((k, 5), -128, np.int8))
+    extremes[1][:, 1], extremes[0][1, ::3] = 127, 127
+    cases = [(full_range(m, k_, "int8", "r", rng), full_range(k_, n, "int8", "r", rng))
+             for m, n, k_ in SHAPES] + [extremes]
+    for a, b in cases:
+        a = np.asfortranarray(a) if LAYOUTS[variant][0] == "c" else np.ascontiguousarray(a)
+        b = np.asfortranarray(b) if LAYOUTS[variant][1] == "c" else np.ascontiguousarray(b)
+        out = run_variant(variant, base, "int8", a, b, library=library)
+        np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))

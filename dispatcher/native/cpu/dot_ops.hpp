@@ -95,8 +95,10 @@ struct MaddI16 {
 };
 #endif
 
-#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
-struct DotU8S8 {
+// DotU8S8's panels: signed A with its rows' offsets, B + 128. (Its step, the
+// VNNI instruction, is apart, so tests/test_cpu_dot_kernels.py can check this
+// arithmetic with an emulated step on machines without VNNI.)
+struct PanelsU8S8 {
     static constexpr int KG = 4;
     static constexpr int32_t row_offset_scale = -128;
     template <class Codec> using A = int8_t;
@@ -107,6 +109,10 @@ struct DotU8S8 {
     static uint8_t pack_b(typename Codec::storage v) { return static_cast<uint8_t>(Codec::load(v) + 128); }
     template <class V>
     static inline V group(const int8_t* a) { return broadcast_group<V>(a); }
+};
+
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+struct DotU8S8 : PanelsU8S8 {
     template <class V>
     static inline V step(V acc, V a, V b) {
         static_assert(sizeof(V) == 64 || sizeof(V) == 32, "VNNI vectors are 256- or 512-bit");
