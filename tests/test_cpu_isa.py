@@ -57,6 +57,17 @@ def test_register_budget_and_vector_width_follow_the_isa(isa):
     assert "not a multiple" in spec.micro_tile_problem(1, spec.lanes() + 2)
 
 
+def test_a_matrix_instruction_has_its_own_micro_tile():
+    """smmla's accumulators are 2x2 blocks: 8x8 holds 16 of them, 4 A and 4 B
+    registers; NEON's 12x8 would need 34 of its 32; rows come in pairs."""
+    config = dispatcher.KernelConfig.create(dtype="int8", isa="neon+i8mm", tile_m=24, tile_n=48)
+    assert (config.target_params["micro_m"], config.target_params["micro_n"]) == (8, 8)
+    assert CPU.build_problem(config) is None
+    assert "needs 34 vector registers" in CPU.build_problem(config.replace(micro_m=12, micro_n=8))
+    assert "odd" in CPU.build_problem(config.replace(micro_m=3, micro_n=8, tile_m=24))
+    assert dispatcher.KernelConfig.create(dtype="fp32", isa="neon+i8mm").target_params["micro_m"] == 12
+
+
 def test_avx2_has_16_registers_and_avx512_32():
     # AVX-512's default 12x32 micro-tile spills on AVX2; AVX2's fits both.
     avx2, avx512 = cpu_isa.ISAS["avx2"], cpu_isa.ISAS["avx512"]
@@ -111,8 +122,9 @@ def test_a_kernel_names_only_the_extensions_its_dtype_uses():
     assert spec.micro_kernel("int8").cpp == "dcpu::DotU8S8"
     assert cpu_isa.get("avx512").micro_kernel("int8").cpp == "dcpu::MaddI16"
     assert cpu_isa.get(FULL["avx2"]).for_dtype("int8").name == "avx2+vnni"
-    assert cpu_isa.get(FULL["neon"]).for_dtype("int8").name == "neon+dotprod"
-    assert cpu_isa.get("neon+i8mm").for_dtype("int8").name == "neon"  # no kernel of i8mm alone
+    assert cpu_isa.get(FULL["neon"]).for_dtype("int8").name == "neon+i8mm"  # smmla before sdot
+    assert cpu_isa.get("neon+dotprod+bf16").for_dtype("int8").name == "neon+dotprod"
+    assert cpu_isa.get("neon+i8mm").for_dtype("fp32").name == "neon"
     # a config holds the reduced spec, so equal binaries have one name
     for dtype, expected in [("fp32", "avx512"), ("bf16", "avx512+bf16"), ("int8", "avx512+vnni")]:
         config = dispatcher.KernelConfig.create(dtype=dtype, tile_m=24, tile_n=64, isa=FULL["avx512"])

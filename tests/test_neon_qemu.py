@@ -8,7 +8,7 @@ inputs written here. Outputs are poisoned before the launch, operands sit in
 poisoned padding (so a wrong leading dimension reads or writes poison), and
 results are compared with the float64 reference as in test_regular.py.
 
-Every micro-kernel of the NEON ISA's extensions (sdot, bfdot: `cpu_isa`)
+Every micro-kernel of the NEON ISA's extensions (sdot, bfdot, smmla: `cpu_isa`)
 runs every variant too, under `qemu-aarch64 -cpu max` (which has them), and
 its library is checked to hold the instruction.
 
@@ -66,7 +66,7 @@ EXTRA_KERNELS = [
     ("stream_k", "int8", "rcr", dict(reduction="atomic", decomposition="stream_k", micro_m=8, micro_n=12)),
 ]
 # The instruction each extension micro-kernel is built around.
-INSTRUCTIONS = {"dcpu::DotS8": "sdot", "dcpu::DotBf16": "bfdot"}
+INSTRUCTIONS = {"dcpu::DotS8": "sdot", "dcpu::DotBf16": "bfdot", "dcpu::MmlaS8": "smmla"}
 # Each micro-kernel of an extension: its spec (the base and the extensions it
 # needs) and the dtypes it computes. A K block of 29 ends in a partial k group.
 EXTENSION_KERNELS = [(cpu_isa.Spec(cpu_isa.ISAS["neon"], tuple(cpu_isa.ISAS["neon"].extension(e)
@@ -89,10 +89,13 @@ def kernel_specs() -> list:
     specs = [(variant, dtype, LAYOUTS[(i + v) % len(LAYOUTS)], options)
              for v, (variant, options) in enumerate(VARIANTS.items())
              for i, dtype in enumerate(DTYPES)]
-    extended = [(variant, dtype, LAYOUTS[(i + v) % len(LAYOUTS)], dict(options, isa=isa, tile_k=29))
+    def extension(options, isa):  # the micro-kernel's own micro-tile
+        return dict({k: v for k, v in options.items() if not k.startswith("micro_")}, isa=isa, tile_k=29)
+
+    extended = [(variant, dtype, LAYOUTS[(i + v) % len(LAYOUTS)], extension(options, isa))
                 for i, (isa, dtype) in enumerate(EXTENSION_KERNELS)
                 for v, (variant, options) in enumerate(VARIANTS.items())]
-    extended += [(variant, dtype, layout, dict(options, isa=isa, tile_k=29))
+    extended += [(variant, dtype, layout, extension(options, isa))
                  for variant, dtype, layout, options in EXTRA_KERNELS
                  for isa, ext_dtype in EXTENSION_KERNELS if ext_dtype == dtype]
     return [pytest.param(spec, id="-".join([spec[3].get("isa", "neon"), *spec[:3]]) +

@@ -74,9 +74,9 @@ class Toolchain(CompilerMixin):
         return f"{' '.join(version)} | isa:{self.isa} | headers:{headers_hash('cpu')}"
 
 
-def _isa_of(block: dict) -> cpu_isa.Isa:
-    """The base ISA a target block names, else the active one's."""
-    return (cpu_isa.get(block["isa"]) if "isa" in block else cpu_isa.active()).isa
+def _spec_of(block: dict) -> cpu_isa.Spec:
+    """The ISA spec a target block names (reduced to its dtype's), else the active one."""
+    return cpu_isa.get(block["isa"]) if "isa" in block else cpu_isa.active()
 
 
 @attrs.frozen
@@ -90,10 +90,10 @@ class CpuTarget:
                "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "
                "else the best this machine runs), reduced to those the config's dtype uses",
                convert=cpu_isa.config_value),
-        Option("micro_m", lambda block: _isa_of(block).micro_tile[0],
-               "rows of the register micro-tile (default: the ISA's)", low=1, high=32),
-        Option("micro_n", lambda block: _isa_of(block).micro_tile[1],
-               "columns of the register micro-tile (default: the ISA's)", low=4, high=64),
+        Option("micro_m", lambda block: _spec_of(block).micro_tile[0],
+               "rows of the register micro-tile (default: the ISA's, or its micro-kernel's)", low=1, high=32),
+        Option("micro_n", lambda block: _spec_of(block).micro_tile[1],
+               "columns of the register micro-tile (default: the ISA's, or its micro-kernel's)", low=4, high=64),
         Option("threads", 0, "OpenMP threads (0: all)", low=0, high=MAX_WORKERS),
     )
 
@@ -113,8 +113,7 @@ class CpuTarget:
     def build_problem(self, config) -> str | None:
         """None if `config` can be compiled for its ISA (wherever that runs)."""
         o = config.target_params
-        isa = cpu_isa.get(o["isa"]).isa
-        micro = isa.micro_tile_problem(o["micro_m"], o["micro_n"])
+        micro = cpu_isa.get(o["isa"]).micro_tile_problem(o["micro_m"], o["micro_n"])
         if micro:
             return micro
         if config.tile_m % o["micro_m"] or config.tile_n % o["micro_n"]:

@@ -72,11 +72,15 @@ class Extension:
 class MicroKernel:
     """One micro-kernel of the tile library: the C++ policy type of
     `native/cpu/dot_ops.hpp`, the input dtypes it computes, and the
-    extensions its instructions need."""
+    extensions its instructions need. `pairs`: a matrix instruction whose
+    accumulators are 2x2 blocks (of a pair of rows and a pair of columns),
+    with its own default micro-tile."""
 
     cpp: str
     dtypes: frozenset
     needs: tuple = ()
+    pairs: bool = False
+    micro_tile: tuple | None = None
 
 
 # Every ISA's micro-kernel for whatever its extensions do not cover: outer
@@ -114,18 +118,24 @@ class Isa:
     def lanes(self, element_bytes: int = 4) -> int:
         return self.vector_bytes // element_bytes
 
-    def registers_needed(self, micro_m: int, micro_n: int) -> int:
+    def registers_needed(self, micro_m: int, micro_n: int, pairs: bool = False) -> int:
         """Vector registers of one k step: micro_m x (micro_n / lanes)
-        accumulators, one B vector per accumulator column, one broadcast A."""
+        accumulators, one B vector per accumulator column, one broadcast A;
+        for a matrix instruction (`pairs`), a 2x2 block per register and one
+        register per row pair of A and column pair of B."""
+        if pairs:
+            return (micro_m // 2) * (micro_n // 2) + micro_m // 2 + micro_n // 2
         columns = micro_n // self.lanes()
         return micro_m * columns + columns + 1
 
-    def micro_tile_problem(self, micro_m: int, micro_n: int) -> str | None:
+    def micro_tile_problem(self, micro_m: int, micro_n: int, pairs: bool = False) -> str | None:
         """None if the micro-tile fits this ISA's registers, else why not."""
         if micro_n % self.lanes():
             return (f"micro_n {micro_n} is not a multiple of the {self.lanes()}-lane "
                     f"{self.vector_bytes * 8}-bit vector of ISA {self.name}")
-        needed = self.registers_needed(micro_m, micro_n)
+        if pairs and micro_m % 2:
+            return f"micro_m {micro_m} is odd; a matrix instruction computes pairs of rows"
+        needed = self.registers_needed(micro_m, micro_n, pairs)
         if needed > self.registers:
             return (f"micro-tile {micro_m}x{micro_n} needs {needed} vector registers; ISA "
                     f"{self.name} has {self.registers} (its default is "
@@ -195,6 +205,7 @@ ISAS = {
             ),
             micro_kernels=(
                 MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",)),
+                MicroKernel("dcpu::MmlaS8", frozenset({"int8"}), ("i8mm",), pairs=True, micro_tile=(8, 8)),
                 MicroKernel("dcpu::DotS8", frozenset({"int8"}), ("dotprod",)),
             )),
     )
@@ -238,6 +249,23 @@ class Spec:
         extensions its micro-kernel needs (none for a dtype they do not help)."""
         needs = self.micro_kernel(dtype).needs
         return Spec(self.isa, tuple(e for e in self.extensions if e.name in needs))
+
+    @property
+    def pairs(self) -> bool:
+        """Whether a kernel built for this spec (as `for_dtype` reduces it)
+        runs a matrix instruction: the micro-kernel its extensions name."""
+        names = tuple(e.name for e in self.extensions)
+        return any(k.pairs for k in self.isa.micro_kernels if names and k.needs == names)
+
+    @property
+    def micro_tile(self) -> tuple:
+        """The default micro-tile of a kernel built for this spec."""
+        names = tuple(e.name for e in self.extensions)
+        return next((k.micro_tile for k in self.isa.micro_kernels
+                     if names and k.needs == names and k.micro_tile), self.isa.micro_tile)
+
+    def micro_tile_problem(self, micro_m: int, micro_n: int) -> str | None:
+        return self.isa.micro_tile_problem(micro_m, micro_n, self.pairs)
 
     def describe(self) -> str:
         extras = ", ".join(f"{e.title}" for e in self.extensions)

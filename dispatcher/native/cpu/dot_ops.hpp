@@ -21,6 +21,12 @@
 //            zero; bfdot (without FEAT_EBF16) also rounds to odd
 //   DotS8    KG 4: sdot (aarch64 DotProd), signed x signed bytes
 //
+// The matrix instructions take pairs instead (`pairs`): one register holds a
+// k group of two rows of A, another one of two columns of B, and one
+// instruction adds their 2x2 product into a 2x2 block of accumulators
+// (`pair_micro_kernel`; the packed layout is the same, rows side by side):
+//   MmlaS8   KG 8: smmla (aarch64 I8MM), signed x signed bytes
+//
 // A policy says how a storage value is packed (pack_a, pack_b, into its
 // packed types A and B), how a group of A becomes a step's operand (group)
 // and what one step does (step). A policy whose A slivers end with one int32
@@ -30,6 +36,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -174,5 +181,29 @@ struct DotS8 {
     }
 };
 #endif
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+struct MmlaS8 {
+    static constexpr int KG = 8;
+    static constexpr bool pairs = true;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = int8_t;
+    template <class Codec> using B = int8_t;
+    template <class Codec>
+    static int8_t pack_a(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class Codec>
+    static int8_t pack_b(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class V>
+    static inline V step(V acc, V a, V b) {
+        return (V)vmmlaq_s32((int32x4_t)acc, (int8x16_t)a, (int8x16_t)b);
+    }
+};
+#endif
+
+// Whether policy D multiplies pairs (a matrix instruction).
+template <class D, class = void>
+struct Pairs : std::false_type {};
+template <class D>
+struct Pairs<D, std::void_t<decltype(D::pairs)>> : std::bool_constant<D::pairs> {};
 
 }  // namespace dcpu

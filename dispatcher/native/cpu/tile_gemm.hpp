@@ -132,8 +132,11 @@ struct Traits {
     using PA = typename Dot_::template A<A_>;
     using PB = typename Dot_::template B<B_>;
     static constexpr int KG = Dot_::KG;
-    static_assert(KG * sizeof(PA) == sizeof(Acc) && KG * sizeof(PB) == sizeof(Acc),
-                  "a k group fills one accumulator lane");
+    static constexpr bool pairs = Pairs<Dot_>::value;
+    static_assert(KG * sizeof(PA) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1) &&
+                      KG * sizeof(PB) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1),
+                  "a k group fills one accumulator lane (of a pair: one 2x2 block)");
+    static_assert(!pairs || (MR_ % 2 == 0 && NR_ % 2 == 0), "pairs of rows and columns");
     static constexpr size_t groups(int kc) { return size_t(kc + KG - 1) / KG; }
     static constexpr size_t a_sliver_bytes(int kc) {
         return groups(kc) * MR * KG * sizeof(PA) + (Dot_::row_offset_scale ? MR * sizeof(int32_t) : 0);
@@ -539,15 +542,66 @@ Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int
 }
 
 // ----------------------------------------------------------- micro-kernel ----
+// A matrix instruction's micro-kernel: (MR/2) x (NR/2) accumulators, each the
+// 2x2 block [r0c0 r0c1 r1c0 r1c1] of one pair of rows and one of columns; a
+// step multiplies each row pair's k group (2 x KG values, one register) with
+// each column pair's.
+template <class T>
+inline void pair_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                              const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                              int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    using Acc = typename T::Acc;
+    constexpr int MP = T::MR / 2, NP = T::NR / 2, KG = T::KG;
+    constexpr size_t half = 2 * sizeof(Acc);  // one row of a 2x2 block
+    typedef Acc vec __attribute__((vector_size(4 * sizeof(Acc))));
+    const auto* ap = reinterpret_cast<const typename T::PA*>(a_sliver);
+    const auto* bp = reinterpret_cast<const typename T::PB*>(b_sliver);
+
+    vec acc[MP][NP];
+#pragma GCC unroll 16
+    for (int r = 0; r < MP; ++r)
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) {
+            acc[r][q] = vec{};
+            if (accumulate) {
+                std::memcpy(&acc[r][q], c + 2 * r * ldc + 2 * q, half);
+                std::memcpy(reinterpret_cast<char*>(&acc[r][q]) + half, c + (2 * r + 1) * ldc + 2 * q, half);
+            }
+        }
+    const int groups = static_cast<int>(T::groups(kc));
+    for (int p = 0; p < groups; ++p) {
+        prefetch.next();
+        vec b[NP];
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) std::memcpy(&b[q], bp + q * 2 * KG, sizeof(vec));
+#pragma GCC unroll 16
+        for (int r = 0; r < MP; ++r) {
+            vec a;
+            std::memcpy(&a, ap + r * 2 * KG, sizeof(vec));
+#pragma GCC unroll 16
+            for (int q = 0; q < NP; ++q) acc[r][q] = T::Dot::step(acc[r][q], a, b[q]);
+        }
+        ap += T::MR * KG;
+        bp += T::NR * KG;
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MP; ++r)
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) {
+            std::memcpy(c + 2 * r * ldc + 2 * q, &acc[r][q], half);
+            std::memcpy(c + (2 * r + 1) * ldc + 2 * q, reinterpret_cast<const char*>(&acc[r][q]) + half, half);
+        }
+}
+
 // MR x NR accumulators in registers over the k groups of one A and one B
 // sliver: each step multiplies one group of each row of A, broadcast, with
 // the NR / lanes vectors of B's groups (T::Dot's instruction). Written with
 // GCC vector extensions so -march picks the instructions where the policy
 // does not name them.
 template <class T>
-inline void micro_kernel(int kc, const unsigned char* __restrict a_sliver,
-                         const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
-                         int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+inline void group_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                               const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                               int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
     using Acc = typename T::Acc;
     using Dot = typename T::Dot;
     constexpr int VL = T::vec_bytes / sizeof(Acc);
@@ -596,6 +650,15 @@ inline void micro_kernel(int kc, const unsigned char* __restrict a_sliver,
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + v * VL, &acc[i][v], sizeof(vec));
+}
+
+template <class T>
+inline void micro_kernel(int kc, const unsigned char* a_sliver, const unsigned char* b_sliver,
+                         typename T::Acc* c, int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    if constexpr (T::pairs)
+        pair_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
+    else
+        group_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
 }
 
 // ------------------------------------------------------- block operations ----
