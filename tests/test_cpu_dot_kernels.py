@@ -14,6 +14,7 @@ active spec's micro-kernels (`-m parity`, rerun by CI per extension setting).
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,19 @@ from dispatcher.verify import max_rel, poison, random_matrix, reference, toleran
 CPU = targets.get("cpu")
 # tile_k 30: every K block of an int8 kernel ends in a partial k group of 4.
 TILE = dict(tile_m=24, tile_n=64, tile_k=30)
+# A tile micro-kernel's (AMX, 32x32): K blocks of several tile chunks (32
+# bf16 or 64 int8 k values), the last one partial.
+TILE_OF_TILES = dict(tile_m=96, tile_n=64, tile_k=100)
+
+
+def tile_for(spec: str) -> dict:
+    """Block tiles for a kernel of `spec`: several blocks and partial ones on
+    SHAPES, multiples of its micro-kernel's micro-tile."""
+    kernel = cpu_isa.get(spec).own_kernel
+    if kernel is not None and kernel.tiles:
+        return TILE_OF_TILES
+    mm, mn = cpu_isa.get(spec).micro_tile
+    return dict(TILE, tile_m=math.lcm(TILE["tile_m"], mm), tile_n=math.lcm(TILE["tile_n"], mn))
 SHAPES = [(37, 53, 71), (1, 1, 1), (131, 7, 257)]
 # One layout of A and B per variant: each variant one kernel, all four layouts in all.
 LAYOUTS = {"regular": "rc", "stream_k": "cr", "grouped": "rr", "batched": "cc"}
@@ -44,7 +58,8 @@ def variant_options(variant, dtype) -> dict:
         return {}
     return dict(reduction="atomic" if dtype == "int8" else "linear", decomposition="hybrid")
 # The instruction each x86 micro-kernel is built around (NEON's: test_neon_qemu.py).
-INSTRUCTIONS = {"dcpu::DotBf16": "vdpbf16ps", "dcpu::DotU8S8": "vpdpbusd", "dcpu::MaddI16": "pmaddwd"}
+INSTRUCTIONS = {"dcpu::DotBf16": "vdpbf16ps", "dcpu::DotU8S8": "vpdpbusd", "dcpu::MaddI16": "pmaddwd",
+                "dcpu::TileBf16": "tdpbf16ps", "dcpu::TileS8": "tdpbssd"}
 
 
 def kernel_spec(isa: cpu_isa.Isa, kernel: cpu_isa.MicroKernel) -> str:
@@ -80,10 +95,10 @@ def poisoned(shape, dtype):
 
 
 def run_variant(variant, spec, dtype, a, b, bias=None, library=None):
-    """alpha * a @ b (+ bias, relu) through `variant` with `spec`'s kernel (or
-    `library`, a kernel of that config built here), into poison."""
+    """alpha * a @ b (+ bias, relu) through `variant` with `spec`'s kernel
+    (block tiles `tile_for(spec)`) or with `library`, into poison."""
     d = dispatcher.api.default_dispatcher()
-    config = dict(TILE, isa=spec)
+    config = dict(tile_for(spec), isa=spec)
     m, n = a.shape[0], b.shape[1]
     if variant == "grouped":
         problem, operands, (out,) = prepare_grouped([a], [b], allocate=poisoned((m, n), dtype))
@@ -107,7 +122,7 @@ def run_variant(variant, spec, dtype, a, b, bias=None, library=None):
 def test_micro_kernel_matches_reference(spec, dtype, variant, rng):
     runnable(spec)
     config = dispatcher.KernelConfig.create(variant="regular" if variant == "grouped" else variant,
-                                            dtype=dtype, isa=spec, **TILE)
+                                            dtype=dtype, isa=spec, **tile_for(spec))
     assert config.target_params["isa"] == spec, "the kernel is built for the spec under test"
     layout = LAYOUTS[variant]
     for m, n, k in SHAPES:
@@ -142,7 +157,7 @@ def test_int8_is_exact_at_the_deepest_k(spec, variant):
 
 def test_micro_kernels_this_machine_cannot_run_compile_to_their_instruction(tmp_path):
     """Each one's regular kernel, for its first dtype, built in parallel."""
-    kernels = [(kernel, dispatcher.KernelConfig.create(dtype=sorted(kernel.dtypes)[0], isa=spec, **TILE))
+    kernels = [(kernel, dispatcher.KernelConfig.create(dtype=sorted(kernel.dtypes)[0], isa=spec, **tile_for(spec)))
                for spec, kernel in HOST if cpu_isa.why_not_runnable(cpu_isa.get(spec))]
     if not kernels:
         pytest.skip("this machine runs every micro-kernel of its ISAs")
@@ -163,8 +178,45 @@ def test_micro_kernels_this_machine_cannot_run_compile_to_their_instruction(tmp_
         assert INSTRUCTIONS[kernel.cpp] in listing, f"{config.name} has no {INSTRUCTIONS[kernel.cpp]}"
 
 
+def emulated(tmp_path, variant, dtype, policy, emulation, **config):
+    """A kernel of this machine's best base ISA whose micro-kernel policy is
+    `policy`, defined by C++ `emulation` (a policy's panels with its
+    instructions emulated): (library, config). Runs on any x86 machine."""
+    base = cpu_isa.supported()[0].name
+    config = dispatcher.KernelConfig.create(variant=variant, dtype=dtype, layout=LAYOUTS[variant] + "r",
+                                            isa=base, **{**TILE, **config}, **variant_options(variant, dtype))
+    source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)
+    (name, text), = source.files
+    native = cpu_isa.get(base).micro_kernel(dtype).cpp
+    assert text.count(native + ">") == 1
+    text = text.replace(native + ">", policy + ">").replace("using KernelTraits", emulation + "using KernelTraits", 1)
+    (tmp_path / name).write_text(text)
+    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", source.flags)
+    return Library(tmp_path / "kernel.so", expected_name=config.name, config=config), config
+
+
+def int8_cases(rng):
+    """Full-range int8 on every shape, and extremes at the deepest K."""
+    k = _deepest_exact_k("int8")
+    extremes = (np.full((3, k), -128, np.int8), np.full((k, 5), -128, np.int8))
+    extremes[1][:, 1], extremes[0][1, ::3] = 127, 127
+    return [(full_range(m, k_, "int8", "r", rng), full_range(k_, n, "int8", "r", rng))
+            for m, n, k_ in SHAPES] + [extremes]
+
+
+def check_emulated(library, config, variant, cases):
+    for a, b in cases:
+        a = np.asfortranarray(a) if LAYOUTS[variant][0] == "c" else np.ascontiguousarray(a)
+        b = np.asfortranarray(b) if LAYOUTS[variant][1] == "c" else np.ascontiguousarray(b)
+        out = run_variant(variant, config.target_params["isa"], config.dtype_a, a, b, library=library)
+        if config.dtype_a == "int8":
+            np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+        else:
+            assert max_rel(out, reference(a, b)) <= tolerance(config, a.shape[1]), (variant, a.shape, b.shape)
+
+
 # vpdpbusd lane by lane: four unsigned x signed byte products added into the
-# int32 lane modulo 2^32, as the instruction does; runs on any x86 machine.
+# int32 lane modulo 2^32, as the instruction does.
 EMULATED_VNNI = """
 struct EmulatedDotU8S8 : dcpu::PanelsU8S8 {
     template <class V>
@@ -183,31 +235,102 @@ struct EmulatedDotU8S8 : dcpu::PanelsU8S8 {
 };
 """
 
+X86 = pytest.mark.skipif(cpu_isa.host_machine() != "x86_64", reason="x86 micro-kernels")
 
-@pytest.mark.skipif(cpu_isa.host_machine() != "x86_64", reason="DotU8S8 is an x86 micro-kernel")
+
+@X86
 @pytest.mark.parametrize("variant", ["regular", "stream_k"])
 def test_vnni_panels_with_an_emulated_vpdpbusd(variant, tmp_path, rng):
     """DotU8S8's own packing (B + 128, A's row offsets after each sliver,
     partial k groups) and its accumulator wrapping on the way, checked on
     every x86 machine: its kernel source with the instruction emulated."""
-    base = cpu_isa.supported()[0].name  # its int8 kernels use MaddI16 (no VNNI named)
-    config = dispatcher.KernelConfig.create(variant=variant, dtype="int8", layout=LAYOUTS[variant] + "r",
-                                            isa=base, **TILE, **variant_options(variant, "int8"))
-    source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)
-    (name, text), = source.files
-    assert text.count("dcpu::MaddI16") == 1
-    text = text.replace("dcpu::MaddI16", "EmulatedDotU8S8").replace("using KernelTraits",
-                                                                    EMULATED_VNNI + "using KernelTraits", 1)
-    (tmp_path / name).write_text(text)
-    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", source.flags)
-    library = Library(tmp_path / "kernel.so", expected_name=config.name, config=config)
-    k = _deepest_exact_k("int8")
-    extremes = (np.full((3, k), -128, np.int8), np.full((k, 5), -128, np.int8))
-    extremes[1][:, 1], extremes[0][1, ::3] = 127, 127
-    cases = [(full_range(m, k_, "int8", "r", rng), full_range(k_, n, "int8", "r", rng))
-             for m, n, k_ in SHAPES] + [extremes]
-    for a, b in cases:
-        a = np.asfortranarray(a) if LAYOUTS[variant][0] == "c" else np.ascontiguousarray(a)
-        b = np.asfortranarray(b) if LAYOUTS[variant][1] == "c" else np.ascontiguousarray(b)
-        out = run_variant(variant, base, "int8", a, b, library=library)
-        np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+    library, config = emulated(tmp_path, variant, "int8", "EmulatedDotU8S8", EMULATED_VNNI)
+    check_emulated(library, config, variant, int8_cases(rng))
+
+
+# AMX's eight tiles (16 rows x 64 bytes) per thread, and its two products:
+# tdpbf16ps (float32 += pairs of bf16) and tdpbssd (int32 += quadruples of
+# signed bytes, modulo 2^32).
+EMULATED_AMX = """
+struct EmulatedTiles {
+    static inline thread_local unsigned char tile[8][16][64];
+    static void configure() {}
+    static void release() {}
+    static void load(int t, const void* p, size_t stride) {
+        for (int r = 0; r < 16; ++r) std::memcpy(tile[t][r], static_cast<const char*>(p) + r * stride, 64);
+    }
+    static void store(int t, void* p, size_t stride) {
+        for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(p) + r * stride, tile[t][r], 64);
+    }
+    static void load_acc(const void* c, size_t stride) {
+        const char* p = static_cast<const char*>(c);
+        load(0, p, stride), load(1, p + 64, stride), load(2, p + 16 * stride, stride);
+        load(3, p + 16 * stride + 64, stride);
+    }
+    static void zero_acc() { std::memset(tile, 0, 4 * sizeof tile[0]); }
+    static void store_acc(void* c, size_t stride) {
+        char* p = static_cast<char*>(c);
+        store(0, p, stride), store(1, p + 64, stride), store(2, p + 16 * stride, stride);
+        store(3, p + 16 * stride + 64, stride);
+    }
+    template <class Dot>
+    static void multiply(const void* a, size_t a_stride, const void* b, size_t b_stride, Dot dot) {
+        load(4, a, a_stride), load(5, static_cast<const char*>(a) + 16 * a_stride, a_stride);
+        load(6, b, b_stride), load(7, static_cast<const char*>(b) + 64, b_stride);
+        const int products[4][3] = {{0, 4, 6}, {1, 4, 7}, {2, 5, 6}, {3, 5, 7}};
+        for (const auto& p : products)
+            for (int m = 0; m < 16; ++m)
+                for (int n = 0; n < 16; ++n) dot(tile[p[0]][m] + 4 * n, tile[p[1]][m], tile[p[2]], n);
+    }
+};
+
+struct EmulatedTileBf16 : dcpu::TilePanelsBf16, EmulatedTiles {
+    static float value(const unsigned char* p) {
+        uint32_t bits = uint32_t(p[0] | p[1] << 8) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    }
+    static void multiply(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+        EmulatedTiles::multiply(a, a_stride, b, b_stride,
+                                [](unsigned char* c, const unsigned char* arow, unsigned char (*bt)[64], int n) {
+            float acc;
+            std::memcpy(&acc, c, 4);
+            for (int k = 0; k < 16; ++k)
+                for (int q = 0; q < 2; ++q) acc += value(arow + 4 * k + 2 * q) * value(bt[k] + 4 * n + 2 * q);
+            std::memcpy(c, &acc, 4);
+        });
+    }
+};
+
+struct EmulatedTileS8 : dcpu::TilePanelsS8, EmulatedTiles {
+    static void multiply(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+        EmulatedTiles::multiply(a, a_stride, b, b_stride,
+                                [](unsigned char* c, const unsigned char* arow, unsigned char (*bt)[64], int n) {
+            uint32_t acc;
+            std::memcpy(&acc, c, 4);
+            for (int k = 0; k < 16; ++k)
+                for (int q = 0; q < 4; ++q)
+                    acc += uint32_t(int32_t(int8_t(arow[4 * k + q])) * int8_t(bt[k][4 * n + q]));
+            std::memcpy(c, &acc, 4);
+        });
+    }
+};
+"""
+
+
+@X86
+@pytest.mark.parametrize("dtype, policy", [("bf16", "EmulatedTileBf16"), ("fp8_e5m2", "EmulatedTileBf16"),
+                                           ("int8", "EmulatedTileS8")])
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_amx_panels_and_tiles_with_emulated_tile_instructions(dtype, policy, variant, tmp_path, rng):
+    """The AMX micro-kernel and its panels (A's 64-byte tile rows, B's pairs
+    or quadruples, K blocks padded to whole tiles, 32x32 blocks in 2x2
+    accumulator tiles, partial blocks, stream-K partials), checked on every
+    x86 machine with the tile instructions emulated: what the Xeon's AMX
+    adds is only the instructions themselves."""
+    library, config = emulated(tmp_path, variant, dtype, policy, EMULATED_AMX, **TILE_OF_TILES,
+                               micro_m=32, micro_n=32)
+    cases = int8_cases(rng) if dtype == "int8" else [
+        (full_range(m, k, dtype, "r", rng), full_range(k, n, dtype, "r", rng)) for m, n, k in SHAPES]
+    check_emulated(library, config, variant, cases)

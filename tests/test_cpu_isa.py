@@ -27,20 +27,23 @@ FULL = {name: cpu_isa.Spec(isa, isa.extensions).name for name, isa in cpu_isa.IS
 
 
 def test_every_default_config_of_every_variant_is_valid_on_every_isa():
+    """On every ISA and micro-kernel; a tile micro-kernel (AMX: 32x32 only)
+    filters the defaults it cannot tile but keeps at least one."""
     checked = 0
     for name, record in get_manager().variants().items():
         if "cpu" not in record.targets:
             continue
         for dtype in record.dtypes:
             for layout in record.layouts:
-                for fields in record.default_configs("cpu", dtype, layout):
-                    for spec in FULL.values():
-                        config = dispatcher.KernelConfig.create(
-                            variant=name, target="cpu", dtype=dtype, layout=layout, isa=spec, **fields)
-                        assert config.target_params["micro_m"], config
-                        assert CPU.build_problem(config) is None, (config.name, CPU.build_problem(config))
-                        assert record.check(config) is None, (config.name, record.check(config))
-                        checked += 1
+                for spec in FULL.values():
+                    configs = [dispatcher.KernelConfig.create(variant=name, target="cpu", dtype=dtype,
+                                                              layout=layout, isa=spec, **fields)
+                               for fields in record.default_configs("cpu", dtype, layout)]
+                    kernel = cpu_isa.get(configs[0].target_params["isa"]).own_kernel
+                    valid = [c for c in configs if CPU.build_problem(c) is None and record.check(c) is None]
+                    assert valid if kernel and kernel.tiles else valid == configs, \
+                        [(c.name, CPU.build_problem(c), record.check(c)) for c in configs]
+                    checked += len(configs)
     assert checked >= 3 * len(dtypes.INPUT_TOKENS) * len(LAYOUTS) * len(cpu_isa.ISAS)
 
 
@@ -57,7 +60,7 @@ def test_register_budget_and_vector_width_follow_the_isa(isa):
     assert "not a multiple" in spec.micro_tile_problem(1, spec.lanes() + 2)
 
 
-def test_a_matrix_instruction_has_its_own_micro_tile():
+def test_matrix_and_tile_instructions_have_their_own_micro_tile():
     """smmla's accumulators are 2x2 blocks: 8x8 holds 16 of them, 4 A and 4 B
     registers; NEON's 12x8 would need 34 of its 32; rows come in pairs."""
     config = dispatcher.KernelConfig.create(dtype="int8", isa="neon+i8mm", tile_m=24, tile_n=48)
@@ -66,6 +69,12 @@ def test_a_matrix_instruction_has_its_own_micro_tile():
     assert "needs 34 vector registers" in CPU.build_problem(config.replace(micro_m=12, micro_n=8))
     assert "odd" in CPU.build_problem(config.replace(micro_m=3, micro_n=8, tile_m=24))
     assert dispatcher.KernelConfig.create(dtype="fp32", isa="neon+i8mm").target_params["micro_m"] == 12
+    # AMX's tiles: a 32x32 micro-tile and nothing else
+    amx = dispatcher.KernelConfig.create(dtype="bf16", isa="avx512+amxbf16", tile_m=96, tile_n=128)
+    assert (amx.target_params["micro_m"], amx.target_params["micro_n"]) == (32, 32)
+    assert CPU.build_problem(amx) is None
+    assert "computes 32x32 (2x2 tiles of 16x16)" in CPU.build_problem(amx.replace(micro_m=16))
+    assert "not a multiple of the micro-tile 32x32" in CPU.build_problem(amx.replace(tile_m=120))
 
 
 def test_avx2_has_16_registers_and_avx512_32():
@@ -115,11 +124,14 @@ def test_spec_syntax_and_its_errors():
 
 
 def test_a_kernel_names_only_the_extensions_its_dtype_uses():
-    spec = cpu_isa.get(FULL["avx512"])
+    spec = cpu_isa.get("avx512+bf16+vnni+fp16")
     uses = {dtype: spec.for_dtype(dtype).name for dtype in dtypes.INPUT_TOKENS}
     assert uses == {"fp32": "avx512", "fp16": "avx512", "bf16": "avx512+bf16", "int8": "avx512+vnni",
                     **{t: "avx512+bf16" for t in dtypes.INPUT_TOKENS if t.startswith("fp8")}}
     assert spec.micro_kernel("int8").cpp == "dcpu::DotU8S8"
+    amx = cpu_isa.get(FULL["avx512"])  # AMX before the vector dot products
+    assert [amx.for_dtype(t).name for t in ("bf16", "fp8_e5m2", "int8", "fp32")] == \
+        ["avx512+amxbf16", "avx512+amxbf16", "avx512+amxint8", "avx512"]
     assert cpu_isa.get("avx512").micro_kernel("int8").cpp == "dcpu::MaddI16"
     assert cpu_isa.get(FULL["avx2"]).for_dtype("int8").name == "avx2+vnni"
     assert cpu_isa.get(FULL["neon"]).for_dtype("int8").name == "neon+i8mm"  # smmla before sdot
@@ -127,7 +139,7 @@ def test_a_kernel_names_only_the_extensions_its_dtype_uses():
     assert cpu_isa.get("neon+i8mm").for_dtype("fp32").name == "neon"
     # a config holds the reduced spec, so equal binaries have one name
     for dtype, expected in [("fp32", "avx512"), ("bf16", "avx512+bf16"), ("int8", "avx512+vnni")]:
-        config = dispatcher.KernelConfig.create(dtype=dtype, tile_m=24, tile_n=64, isa=FULL["avx512"])
+        config = dispatcher.KernelConfig.create(dtype=dtype, tile_m=24, tile_n=64, isa="avx512+bf16+vnni")
         assert config.target_params["isa"] == expected
         assert f"_cpu_{expected}_mt12x32_" in config.name
     with pytest.raises(errors.ConfigError, match="'isa' = 'avx2\\+bf16' is invalid: ISA avx2 has no"):
@@ -179,8 +191,11 @@ def test_ci_reruns_parity_with_each_extension_off(machine):
     """The settings .ci/run and benchmarks/cpu_isa_check.sh rerun the parity
     tests under: each used extension of the best base off, each other base
     with and without its extensions (fp16 changes no kernel: not rerun)."""
-    machine(AVX512_FLAGS | {"avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni"})
-    assert cpu_isa.parity_settings() == ["avx512-bf16", "avx512-vnni", "avx2+vnni", "avx2-vnni", "generic"]
+    machine(AVX512_FLAGS | {"avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16",
+                            "amx_int8"})  # the GPU host's Sapphire Rapids
+    assert cpu_isa.active().name == "avx512+bf16+vnni+fp16+amxbf16+amxint8"
+    assert cpu_isa.parity_settings() == ["avx512-bf16", "avx512-vnni", "avx512-amxbf16", "avx512-amxint8",
+                                         "avx2+vnni", "avx2-vnni", "generic"]
     machine(cpu_isa.ISAS["avx2"].needs)
     assert cpu_isa.parity_settings() == ["generic"]
 

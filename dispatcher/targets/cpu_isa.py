@@ -73,13 +73,15 @@ class MicroKernel:
     """One micro-kernel of the tile library: the C++ policy type of
     `native/cpu/dot_ops.hpp`, the input dtypes it computes, and the
     extensions its instructions need. `pairs`: a matrix instruction whose
-    accumulators are 2x2 blocks (of a pair of rows and a pair of columns),
-    with its own default micro-tile."""
+    accumulators are 2x2 blocks (of a pair of rows and a pair of columns);
+    `tiles`: tile instructions (AMX: tile registers, not vector registers,
+    so exactly its micro-tile); either has its own default micro-tile."""
 
     cpp: str
     dtypes: frozenset
     needs: tuple = ()
     pairs: bool = False
+    tiles: bool = False
     micro_tile: tuple | None = None
 
 
@@ -172,11 +174,14 @@ ISAS = {
                           "float32, and fp16 accumulation would break the float32 accumulation "
                           "every fp16 GEMM documents; fp16 converts with F16C)"),
                 Extension("amxbf16", "AMX-BF16", frozenset({"amx_tile", "amx_bf16"}),
-                          ("-mamx-tile", "-mamx-bf16"), "tile matrix multiply of bf16 pairs"),
+                          ("-mamx-tile", "-mamx-bf16"),
+                          "tdpbf16ps: 16x16 float32 tiles += 16x32 by 32x16 bf16 (bf16 and fp8 inputs)"),
                 Extension("amxint8", "AMX-INT8", frozenset({"amx_tile", "amx_int8"}),
-                          ("-mamx-tile", "-mamx-int8"), "tile matrix multiply of int8 quadruples"),
+                          ("-mamx-tile", "-mamx-int8"), "tdpbssd: 16x16 int32 tiles += 16x64 by 64x16 int8"),
             ),
             micro_kernels=(
+                MicroKernel("dcpu::TileBf16", _BF16_EXACT, ("amxbf16",), tiles=True, micro_tile=(32, 32)),
+                MicroKernel("dcpu::TileS8", frozenset({"int8"}), ("amxint8",), tiles=True, micro_tile=(32, 32)),
                 MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",)),
                 _VNNI,
                 _MADD_I16,
@@ -251,21 +256,27 @@ class Spec:
         return Spec(self.isa, tuple(e for e in self.extensions if e.name in needs))
 
     @property
-    def pairs(self) -> bool:
-        """Whether a kernel built for this spec (as `for_dtype` reduces it)
-        runs a matrix instruction: the micro-kernel its extensions name."""
+    def own_kernel(self) -> MicroKernel | None:
+        """The micro-kernel a kernel built for this spec (as `for_dtype`
+        reduces it) runs where its extensions name one (None: the base's)."""
         names = tuple(e.name for e in self.extensions)
-        return any(k.pairs for k in self.isa.micro_kernels if names and k.needs == names)
+        return next((k for k in self.isa.micro_kernels if names and k.needs == names), None)
 
     @property
     def micro_tile(self) -> tuple:
         """The default micro-tile of a kernel built for this spec."""
-        names = tuple(e.name for e in self.extensions)
-        return next((k.micro_tile for k in self.isa.micro_kernels
-                     if names and k.needs == names and k.micro_tile), self.isa.micro_tile)
+        kernel = self.own_kernel
+        return kernel.micro_tile if kernel and kernel.micro_tile else self.isa.micro_tile
 
     def micro_tile_problem(self, micro_m: int, micro_n: int) -> str | None:
-        return self.isa.micro_tile_problem(micro_m, micro_n, self.pairs)
+        """None if a kernel of this spec can have this micro-tile, else why not."""
+        kernel = self.own_kernel
+        if kernel and kernel.tiles:
+            if (micro_m, micro_n) != kernel.micro_tile:
+                return (f"micro-tile {micro_m}x{micro_n}: the tile micro-kernel of {self.name} computes "
+                        f"{kernel.micro_tile[0]}x{kernel.micro_tile[1]} (2x2 tiles of 16x16)")
+            return None
+        return self.isa.micro_tile_problem(micro_m, micro_n, bool(kernel and kernel.pairs))
 
     def describe(self) -> str:
         extras = ", ".join(f"{e.title}" for e in self.extensions)

@@ -27,6 +27,13 @@
 // (`pair_micro_kernel`; the packed layout is the same, rows side by side):
 //   MmlaS8   KG 8: smmla (aarch64 I8MM), signed x signed bytes
 //
+// The tile instructions (`tiles`, AMX) multiply 16x16 tiles of accumulators
+// (`tile_micro_kernel`): A's groups are whole tile rows (64 bytes of k: KGA
+// 32 bf16 or 64 int8), B's pairs or quadruples of k per column as above, and
+// a K block is padded to whole tiles (KPAD):
+//   TileBf16 tdpbf16ps (AMX-BF16), bf16 and 8-bit float inputs
+//   TileS8   tdpbssd (AMX-INT8), signed x signed bytes
+//
 // A policy says how a storage value is packed (pack_a, pack_b, into its
 // packed types A and B), how a group of A becomes a step's operand (group)
 // and what one step does (step). A policy whose A slivers end with one int32
@@ -36,10 +43,15 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -182,6 +194,111 @@ struct DotS8 {
 };
 #endif
 
+// AMX's panels (the tiles apart, as PanelsU8S8).
+struct TilePanelsBf16 {
+    static constexpr bool tiles = true;
+    static constexpr int KG = 2, KGA = 32, KPAD = 32;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = uint16_t;
+    template <class Codec> using B = uint16_t;
+    template <class Codec>
+    static uint16_t pack_a(typename Codec::storage v) { return bf16_bits(Codec::load(v)); }
+    template <class Codec>
+    static uint16_t pack_b(typename Codec::storage v) { return bf16_bits(Codec::load(v)); }
+};
+
+struct TilePanelsS8 {
+    static constexpr bool tiles = true;
+    static constexpr int KG = 4, KGA = 64, KPAD = 64;
+    static constexpr int32_t row_offset_scale = 0;
+    template <class Codec> using A = int8_t;
+    template <class Codec> using B = int8_t;
+    template <class Codec>
+    static int8_t pack_a(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+    template <class Codec>
+    static int8_t pack_b(typename Codec::storage v) { return static_cast<int8_t>(Codec::load(v)); }
+};
+
+#if defined(__AMX_TILE__)
+// The AMX tile registers: 8 tiles of 16 rows x 64 bytes (palette 1), as
+// `tile_micro_kernel` uses them: 0-3 the 2x2 accumulator tiles of a 32x32
+// block, 4-5 A's two 16-row tiles, 6-7 B's two 16-column tiles. (GCC's tile
+// intrinsics take literal tile numbers.) Linux hands a process the tile
+// state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, once per process);
+// a thread loads the configuration before its tiles and releases them after.
+struct AmxTiles {
+    struct alignas(64) Config {
+        uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+        uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+    };
+    static void configure() {
+        static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                            18 /* XFEATURE_XTILEDATA */) == 0;
+        if (!granted)
+            throw std::runtime_error("AMX: Linux did not grant this process the tile state "
+                                     "(arch_prctl ARCH_REQ_XCOMP_PERM; needs Linux 5.16 or later)");
+        static const Config config;
+        _tile_loadconfig(&config);
+    }
+    static void release() { _tile_release(); }
+    // The 32x32 block at c (rows `stride` bytes apart) in or out of tiles 0-3.
+    static void load_acc(const void* c, size_t stride) {
+        const char* p = static_cast<const char*>(c);
+        _tile_loadd(0, p, stride);
+        _tile_loadd(1, p + 64, stride);
+        _tile_loadd(2, p + 16 * stride, stride);
+        _tile_loadd(3, p + 16 * stride + 64, stride);
+    }
+    static void zero_acc() {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    static void store_acc(void* c, size_t stride) {
+        char* p = static_cast<char*>(c);
+        _tile_stored(0, p, stride);
+        _tile_stored(1, p + 64, stride);
+        _tile_stored(2, p + 16 * stride, stride);
+        _tile_stored(3, p + 16 * stride + 64, stride);
+    }
+    // A's 32 rows (a, 16 rows `a_stride` bytes apart, then the next 16) and
+    // B's 32 columns (b: rows `b_stride` bytes apart, 64 bytes of column
+    // groups on the left, 64 on the right) into tiles 4-7.
+    static void load_operands(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+        _tile_loadd(4, a, a_stride);
+        _tile_loadd(5, static_cast<const char*>(a) + 16 * a_stride, a_stride);
+        _tile_loadd(6, b, b_stride);
+        _tile_loadd(7, static_cast<const char*>(b) + 64, b_stride);
+    }
+};
+#endif
+
+#if defined(__AMX_BF16__)
+struct TileBf16 : TilePanelsBf16, AmxTiles {
+    static void multiply(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+        load_operands(a, a_stride, b, b_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+};
+#endif
+
+#if defined(__AMX_INT8__)
+struct TileS8 : TilePanelsS8, AmxTiles {
+    static void multiply(const void* a, size_t a_stride, const void* b, size_t b_stride) {
+        load_operands(a, a_stride, b, b_stride);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+};
+#endif
+
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 struct MmlaS8 {
     static constexpr int KG = 8;
@@ -200,10 +317,25 @@ struct MmlaS8 {
 };
 #endif
 
-// Whether policy D multiplies pairs (a matrix instruction).
+// Whether policy D multiplies pairs (a matrix instruction) or tiles.
 template <class D, class = void>
 struct Pairs : std::false_type {};
 template <class D>
 struct Pairs<D, std::void_t<decltype(D::pairs)>> : std::bool_constant<D::pairs> {};
+template <class D, class = void>
+struct Tiles : std::false_type {};
+template <class D>
+struct Tiles<D, std::void_t<decltype(D::tiles)>> : std::bool_constant<D::tiles> {};
+
+// A's k group (KGA) and the multiple a K block is padded to (KPAD): KG unless
+// the policy says otherwise.
+template <class D, class = void>
+struct PanelShape {
+    static constexpr int a_group = D::KG, pad = D::KG;
+};
+template <class D>
+struct PanelShape<D, std::void_t<decltype(D::KGA)>> {
+    static constexpr int a_group = D::KGA, pad = D::KPAD;
+};
 
 }  // namespace dcpu

@@ -127,21 +127,26 @@ struct Traits {
     static constexpr int threads = Threads_;  // 0: all OpenMP threads
     static_assert((NR_ * sizeof(Acc)) % VecBytes_ == 0, "NR must fill whole vectors");
 
-    // Packed panels (see `pack_sliver`): element types and the k group.
+    // Packed panels (see `pack_sliver`): element types and k groups (A's
+    // are KGA deep, B's KG; a K block is padded to a multiple of KPAD).
     using Dot = Dot_;
     using PA = typename Dot_::template A<A_>;
     using PB = typename Dot_::template B<B_>;
-    static constexpr int KG = Dot_::KG;
-    static constexpr bool pairs = Pairs<Dot_>::value;
-    static_assert(KG * sizeof(PA) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1) &&
-                      KG * sizeof(PB) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1),
+    static constexpr int KG = Dot_::KG, KGA = PanelShape<Dot_>::a_group, KPAD = PanelShape<Dot_>::pad;
+    static constexpr bool pairs = Pairs<Dot_>::value, tiles = Tiles<Dot_>::value;
+    static_assert(tiles || KGA == KG, "A and B groups differ for tile instructions only");
+    static_assert(tiles || (KG * sizeof(PA) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1) &&
+                            KG * sizeof(PB) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1)),
                   "a k group fills one accumulator lane (of a pair: one 2x2 block)");
     static_assert(!pairs || (MR_ % 2 == 0 && NR_ % 2 == 0), "pairs of rows and columns");
-    static constexpr size_t groups(int kc) { return size_t(kc + KG - 1) / KG; }
+    static_assert(!tiles || (MR_ == 32 && NR_ == 32), "tile micro-kernels compute 32x32");
+    static constexpr size_t padded(int kc) { return size_t(kc + KPAD - 1) / KPAD * KPAD; }
+    static constexpr size_t groups(int kc) { return padded(kc) / KG; }
+    static constexpr size_t a_groups(int kc) { return padded(kc) / KGA; }
     static constexpr size_t a_sliver_bytes(int kc) {
-        return groups(kc) * MR * KG * sizeof(PA) + (Dot_::row_offset_scale ? MR * sizeof(int32_t) : 0);
+        return padded(kc) * MR * sizeof(PA) + (Dot_::row_offset_scale ? MR * sizeof(int32_t) : 0);
     }
-    static constexpr size_t b_sliver_bytes(int kc) { return groups(kc) * NR * KG * sizeof(PB); }
+    static constexpr size_t b_sliver_bytes(int kc) { return padded(kc) * NR * sizeof(PB); }
     static constexpr size_t a_panel_bytes = size_t(MC / MR) * a_sliver_bytes(KC);
     static constexpr size_t b_panel_bytes = size_t(NC / NR) * b_sliver_bytes(KC);
 };
@@ -409,16 +414,18 @@ struct Buffers {
 
 // ---------------------------------------------------------------- packing ----
 // A block (mc x kc) is packed as MR-row slivers and a B block (kc x nc) as
-// NR-column slivers, each ceil(kc / KG) k groups deep: group g holds the KG
-// consecutive k values g*KG.. of each of the sliver's R lines (rows of A,
-// columns of B) side by side, zero past kc and past the block's edge:
-// sliver[(g * R + line) * KG + q] = X[line][g * KG + q]. (KG 1 is the classic
-// k-major panel.) element(line, p) reads the source, already packed.
+// NR-column slivers, each `groups` k groups deep (kc padded to the policy's
+// KPAD): group g holds the KG consecutive k values g*KG.. of each of the
+// sliver's R lines (rows of A, columns of B) side by side, zero past kc and
+// past the block's edge: sliver[(g * R + line) * KG + q] = X[line][g * KG + q].
+// (KG 1 is the classic k-major panel; a tile instruction's A has KG 32 or 64:
+// a sliver's group is 64 bytes of each row, one tile row.) element(line, p)
+// reads the source, already packed.
 // Loops run k outer and lines inner: the stores are contiguous, and every
 // layout reads contiguously either along the lines (row-major A is read as
 // MR sequential streams, 2x faster than row by row).
 template <int R, int KG, class PT, class Element>
-inline void pack_sliver(PT* __restrict dst, int lines, int kc, PT zero, Element element) {
+inline void pack_sliver(PT* __restrict dst, int lines, int kc, int groups, PT zero, Element element) {
     const int whole = kc / KG;
     if (lines == R) {
         for (int g = 0; g < whole; ++g)
@@ -432,11 +439,11 @@ inline void pack_sliver(PT* __restrict dst, int lines, int kc, PT zero, Element 
                 for (int q = 0; q < KG; ++q)
                     dst[(g * R + l) * KG + q] = l < lines ? element(l, g * KG + q) : zero;
     }
-    if (whole * KG < kc)  // the last, partial group
+    for (int g = whole; g < groups; ++g)  // a partial group, and zero ones up to `groups`
         for (int l = 0; l < R; ++l)
             for (int q = 0; q < KG; ++q) {
-                const int p = whole * KG + q;
-                dst[(whole * R + l) * KG + q] = l < lines && p < kc ? element(l, p) : zero;
+                const int p = g * KG + q;
+                dst[(g * R + l) * KG + q] = l < lines && p < kc ? element(l, p) : zero;
             }
 }
 
@@ -447,30 +454,30 @@ void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, unsigne
     using Dot = typename T::Dot;
     using PA = typename T::PA;
     using Codec = typename T::A;
-    constexpr int MR = T::MR, KG = T::KG;
+    constexpr int MR = T::MR, KG = T::KGA;
     const PA zero = Dot::template pack_a<Codec>(typename Codec::storage{});
     const int64_t lda = P.lda;
-    const int slivers = (mc + MR - 1) / MR;
+    const int slivers = (mc + MR - 1) / MR, groups = int(T::a_groups(kc));
     for (int s = 0; s < slivers; ++s) {
         PA* dst = reinterpret_cast<PA*>(out + s * T::a_sliver_bytes(kc));
         const int rows = std::min(MR, mc - s * MR);
         if constexpr (T::a_row) {
             const auto* src = P.a + (i0 + s * MR) * lda + k0;
-            pack_sliver<MR, KG>(dst, rows, kc, zero, [&](int i, int p) {
+            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) {
                 return Dot::template pack_a<Codec>(src[i * lda + p]); });
         } else {
             const auto* src = P.a + k0 * lda + i0 + s * MR;
-            pack_sliver<MR, KG>(dst, rows, kc, zero, [&](int i, int p) {
+            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) {
                 return Dot::template pack_a<Codec>(src[p * lda + i]); });
         }
         if constexpr (Dot::row_offset_scale != 0) {
             int32_t offsets[MR];
             for (int i = 0; i < MR; ++i) {
                 int32_t sum = 0;
-                for (size_t e = 0; e < T::groups(kc) * KG; ++e) sum += dst[(e / KG * MR + i) * KG + e % KG];
+                for (int e = 0; e < groups * KG; ++e) sum += dst[(e / KG * MR + i) * KG + e % KG];
                 offsets[i] = Dot::row_offset_scale * sum;
             }
-            std::memcpy(dst + T::groups(kc) * MR * KG, offsets, sizeof offsets);
+            std::memcpy(dst + size_t(groups) * MR * KG, offsets, sizeof offsets);
         }
     }
 }
@@ -484,17 +491,17 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigne
     constexpr int NR = T::NR, KG = T::KG;
     const PB zero = Dot::template pack_b<Codec>(typename Codec::storage{});
     const int64_t ldb = P.ldb;
-    const int slivers = (nc + NR - 1) / NR;
+    const int slivers = (nc + NR - 1) / NR, groups = int(T::groups(kc));
     for (int s = 0; s < slivers; ++s) {
         PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
         const int cols = std::min(NR, nc - s * NR);
         if constexpr (T::b_row) {
             const auto* src = P.b + k0 * ldb + j0 + s * NR;
-            pack_sliver<NR, KG>(dst, cols, kc, zero, [&](int j, int p) {
+            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) {
                 return Dot::template pack_b<Codec>(src[p * ldb + j]); });
         } else {
             const auto* src = P.b + (j0 + s * NR) * ldb + k0;
-            pack_sliver<NR, KG>(dst, cols, kc, zero, [&](int j, int p) {
+            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) {
                 return Dot::template pack_b<Codec>(src[j * ldb + p]); });
         }
     }
@@ -652,16 +659,52 @@ inline void group_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
         for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + v * VL, &acc[i][v], sizeof(vec));
 }
 
+// A tile instruction's micro-kernel (AMX): a 32x32 block in 2x2 tiles of
+// 16x16 accumulators; per chunk of KPAD k values, A's 32 rows (64 bytes of k
+// each, one tile row) times B's 32 columns (KPAD / KG rows of column groups,
+// 64 bytes per 16 columns). The policy holds the tiles (dot_ops.hpp).
+template <class T>
+inline void tile_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                              const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                              int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    using D = typename T::Dot;
+    constexpr size_t a_row = T::KGA * sizeof(typename T::PA);          // 64 bytes
+    constexpr size_t b_row = T::NR * T::KG * sizeof(typename T::PB);   // 128 bytes
+    const size_t c_stride = size_t(ldc) * sizeof(typename T::Acc);
+    if (accumulate)
+        D::load_acc(c, c_stride);
+    else
+        D::zero_acc();
+    const int chunks = static_cast<int>(T::padded(kc) / T::KPAD);
+    for (int x = 0; x < chunks; ++x) {
+        prefetch.next();
+        D::multiply(a_sliver + x * T::MR * a_row, a_row, b_sliver + x * (T::KPAD / T::KG) * b_row, b_row);
+    }
+    D::store_acc(c, c_stride);
+}
+
 template <class T>
 inline void micro_kernel(int kc, const unsigned char* a_sliver, const unsigned char* b_sliver,
                          typename T::Acc* c, int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
-    if constexpr (T::pairs)
+    if constexpr (T::tiles)
+        tile_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
+    else if constexpr (T::pairs)
         pair_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
     else
         group_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
 }
 
 // ------------------------------------------------------- block operations ----
+template <bool Tiles, class D>
+struct TileScope {};
+template <class D>
+struct TileScope<true, D> {
+    TileScope() { D::configure(); }
+    ~TileScope() { D::release(); }
+    TileScope(const TileScope&) = delete;
+    TileScope& operator=(const TileScope&) = delete;
+};
+
 // acc[MC x NC] (+)= A[i0:i0+mc, k0:k1] @ B[k0:k1, j0:j0+nc]; `accumulate` adds
 // to what acc holds instead of starting from zero.
 template <class T>
@@ -670,6 +713,9 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
     Buffers<T>& buf = Buffers<T>::local();
     const int m_slivers = (mc + T::MR - 1) / T::MR;
     const int n_slivers = (nc + T::NR - 1) / T::NR;
+    // A tile instruction's thread loads its tile configuration (another
+    // library may have loaded its own since) and releases the tiles after.
+    TileScope<T::tiles, typename T::Dot> tile_scope;
     for (int64_t kb = k0; kb < k1; kb += T::KC) {
         const int kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - kb));
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
