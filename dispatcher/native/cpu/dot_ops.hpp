@@ -35,10 +35,12 @@
 //   TileS8   tdpbssd (AMX-INT8), signed x signed bytes
 //
 // A policy says how a storage value is packed (pack_a, pack_b, into its
-// packed types A and B), how a group of A becomes a step's operand (group)
-// and what one step does (step). A policy whose A slivers end with one int32
-// per row to add to that row's accumulators says so with row_offset_scale
-// (the offset is row_offset_scale times the row's sum of A).
+// packed types A and B), how a group of A becomes a step's operand (group;
+// not for pairs) and what one step does (step); a tile policy instead holds
+// the tiles (configure, release, load_acc, zero_acc, store_acc) and does one
+// chunk (multiply). A policy whose A slivers end with one int32 per row to
+// add to that row's accumulators says so with row_offset_scale (the offset
+// is row_offset_scale times the row's sum of A).
 #pragma once
 
 #include <cstdint>
