@@ -102,7 +102,7 @@ def stress_configs():
     import dispatcher
     from dispatcher.targets import cpu_isa
 
-    mm, mn = cpu_isa.active().micro_tile
+    mm, mn = cpu_isa.active().isa.micro_tile
     shapes = [("rrr", 4, 4, 32), ("rcr", 2, 2, 64), ("crr", 1, 1, 16), ("ccr", 3, 3, 32),
               ("rrr", 8, 2, 128)]
     return [dispatcher.KernelConfig.create(dtype="fp32", layout=layout, tile_m=mm * fm,

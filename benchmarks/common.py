@@ -20,6 +20,7 @@ from dispatcher.timing import TimingOptions, measure, median
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "shapes.json"
+SHAPES_IN_TREE = Path(__file__).resolve().parent.parent / "shared" / "bench" / "shapes.json"
 
 
 def pyplot(path: Path, hint: str = ""):
@@ -38,25 +39,33 @@ def pyplot(path: Path, hint: str = ""):
 
 
 def load_shapes() -> dict:
-    """The public benchmark corpus (../shared/bench/shapes.json), if present."""
-    for path in (SHAPES, Path(os.environ.get("GEMM_SHAPES", "/nonexistent"))):
+    """The public benchmark corpus (../shared/bench/shapes.json, or shared/
+    in the tree, as a device run carries it), if present."""
+    for path in (SHAPES, SHAPES_IN_TREE, Path(os.environ.get("GEMM_SHAPES", "/nonexistent"))):
         if path.exists():
             return json.loads(path.read_text())
     raise SystemExit(f"benchmark corpus not found at {SHAPES}; set GEMM_SHAPES")
 
 
 def environment() -> dict:
-    """Machine, versions and the BLAS numpy really runs."""
+    """Machine (CPU model, the ISA flags it reports, load average), versions
+    and the BLAS numpy really runs."""
+    from dispatcher.targets import cpu_isa
+
     cpu = "unknown"
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    known = set().union(*(cpu_isa.Spec(i, i.extensions).needs for i in cpu_isa.ISAS.values()))
     env = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": platform.machine(), "cpu": cpu, "cpus": targets.get("cpu").parallelism_hint(),
+        "isa": cpu_isa.active().name, "isa_flags": sorted(known & cpu_isa.cpu_flags()),
+        "runnable_isas": cpu_isa.runnable_specs(), "load_average": os.getloadavg(),
         "python": sys.version.split()[0], "numpy": np.__version__,
         "compiler": targets.get("cpu").toolchain().identity,
+        "torch": sys.modules["torch"].__version__ if "torch" in sys.modules else None,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -105,8 +114,9 @@ def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: 
 
 
 def write(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """benchmarks/results/<name>.json, or <name>.json where name is a path."""
+    path = Path(f"{name}.json") if os.sep in name else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=1))
     os.replace(tmp, path)

@@ -1,22 +1,28 @@
-"""Regular GEMM on the CPU target vs numpy (OpenBLAS), per ISA the machine runs.
+"""GEMM on the CPU target vs numpy (OpenBLAS) and torch (oneDNN), per ISA spec.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx2]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx512-bf16] [--dtypes fp32,bf16,int8]
 
-Each ISA is measured in its own process with `DISPATCHER_CPU_ISA` set and a
-fresh build cache, against OpenBLAS restricted to the same instruction set
-where it is not this machine's best (`OPENBLAS_CORETYPE=Haswell` for AVX2 on
-an AVX-512 machine, `Nehalem`, SSE only, for the generic ISA), so every
-ratio compares code of one ISA. Per shape and dtype:
+Shapes: the public corpus's CPU shapes, an odd one (257x1031x2049) and
+skinny M (64 and 16 x 4096 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
+default: this machine's best with all its extensions) a child process with
+a fresh build cache and no tuning database measures, per shape and dtype:
 
-- default: what a user gets with no sweep: selection from the plugin's
-  defaults (no tuning database);
-- best: the best of a few block tiles around the defaults (the tile engine
-  sweeps many more).
+- ours: `dispatcher.gemm`'s default selection (regular variant), all threads;
+- numpy.matmul (OpenBLAS) for fp32, restricted to the spec's base ISA where it
+  is not this machine's best (`OPENBLAS_CORETYPE=Haswell` for avx2,
+  `Nehalem`, SSE only, for generic), so a ratio compares code of one ISA;
+- torch.matmul (oneDNN) for fp32 and bf16, `torch._int_mm` for int8 (int32
+  out), as many threads as ours.
 
-fp32 is compared with `numpy.matmul`; fp16 and bf16 with our own fp32 at the
-same shape (numpy's fp16 and ml_dtypes' bf16 are not BLAS, so no bar). All
-contenders of one shape are re-timed in alternating rounds. Writes
-benchmarks/results/cpu_gemm.json and a plot.
+Each is timed twice: alone, each library in its own process (nothing else
+loaded holds threads or caches), and alternating in one process
+(`common.time_interleaved`: a burst of load on a shared machine lands on
+every contender alike). Ratios are ours / baseline; bf16 and int8 also
+ours / our fp32 at the same shape. `--best` adds the best of a few block
+tiles around the defaults (verified; alternating mode only).
+
+Writes benchmarks/results/<out>.json (CPU model, its ISA flags, the load
+average before and after) and, where matplotlib imports, a plot.
 """
 
 from __future__ import annotations
@@ -30,19 +36,22 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from common import RESULTS, environment, geomean, load_shapes, pyplot, time_interleaved, write
+from common import RESULTS, environment, geomean, load_shapes, pyplot, time_call, time_interleaved, write
 from dispatcher.api import Dispatcher
 from dispatcher.build import BuildCache
 from dispatcher.cli import run_once
 from dispatcher.kinds import prepare_gemm
 from dispatcher.targets import cpu_isa
+from dispatcher.targets.cpu import cpu_count
 from dispatcher.timing import TimingOptions
 from dispatcher.verify import random_matrix
 
-# Block tiles "best" is chosen from, besides the defaults: multiples of every
-# ISA's micro-tile.
+ODD = [(257, 1031, 2049)]
+SKINNY = [(64, 4096, 4096), (16, 4096, 4096)]
+DTYPES = ("fp32", "bf16", "int8")
+LIBRARIES = ("ours", "numpy", "torch")
+# Block tiles --best scans besides the defaults: multiples of every ISA's micro-tile.
 CONFIGS = [
     dict(tile_m=120, tile_n=512, tile_k=256),
     dict(tile_m=240, tile_n=512, tile_k=256),
@@ -50,149 +59,219 @@ CONFIGS = [
     dict(tile_m=48, tile_n=512, tile_k=256),
     dict(tile_m=96, tile_n=128, tile_k=256),
 ]
-DTYPES = ("fp32", "fp16", "bf16")
 
 
-def openblas_coretype(isa: str) -> str | None:
-    """The OpenBLAS core restricted to `isa`'s instructions (None: its best)."""
-    if isa == cpu_isa.supported()[0].name:
+def shapes(text: str | None) -> list:
+    if text:
+        return [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+    return [tuple(s) for s in load_shapes()["cpu"]["regular_fp32"]] + ODD + SKINNY
+
+
+def openblas_coretype(spec: str) -> str | None:
+    """The OpenBLAS core restricted to `spec`'s base ISA (None: its best)."""
+    base = cpu_isa.get(spec).isa
+    if base == cpu_isa.supported()[0]:
         return None
-    return {"avx2": "Haswell", "generic": "Nehalem"}.get(isa)
+    return {"avx2": "Haswell", "generic": "Nehalem"}.get(base.name)
 
 
-def measure_isa(repeat: int) -> dict:
-    """Rows for the ISA of $DISPATCHER_CPU_ISA, in this process."""
-    with tempfile.TemporaryDirectory(prefix="cpu_gemm_cache_") as fresh:  # nothing pre-tuned
-        return _measure(Dispatcher(cache=BuildCache(fresh), tuning=None), repeat)
+def baselines(dtype: str) -> tuple:
+    """The libraries ours is compared with for `dtype` (torch where it imports)."""
+    names = ("numpy", "torch") if dtype == "fp32" else ("torch",)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        names = tuple(n for n in names if n != "torch")
+    return names
 
 
-def launcher(d: Dispatcher, config, m: int, n: int, k: int, dtype: str):
-    """A zero-argument call of `config`'s kernel on an (m, n, k) problem."""
-    rng = np.random.default_rng(0)
-    a, b = random_matrix(m, k, dtype, "r", rng), random_matrix(k, n, dtype, "r", rng)
-    problem, operands, _ = prepare_gemm(a, b, variant="regular", target="cpu")
-    library = d.library(config)
-    return lambda: d.launch(library, problem, operands)
+class Problem:
+    """One (shape, dtype): its inputs, and a zero-argument call per library."""
 
-
-def _measure(d: Dispatcher, repeat: int) -> dict:
-    """Per shape: each dtype's default config and its best of CONFIGS (found
-    with a short verified timing each), then the default, the best and
-    numpy re-timed in alternating rounds (`time_interleaved`), so a burst of
-    load on a shared machine lands on every contender of a ratio alike."""
-    scan = TimingOptions(warmup=1, repeat=3)
-    rows = []
-    shapes = [tuple(s) for s in load_shapes()["cpu"]["regular_fp32"]]
-    for m, n, k in tqdm(shapes, desc=cpu_isa.active().name, unit="shape"):
-        contenders, picked = {}, {}
-        for dtype in DTYPES:
-            problem = prepare_gemm(random_matrix(m, k, dtype, "r", np.random.default_rng(0)),
-                                   random_matrix(k, n, dtype, "r", np.random.default_rng(1)),
-                                   variant="regular", target="cpu")[0]
-            default = d.select(problem)
-            scanned = [(run_once(d, variant="regular", m=m, n=n, k=k, dtype=dtype, layout="rrr",
-                                 config=c, timing=scan, verify=True), c)
-                       for c in [default] + [d.config_for(problem, f) for f in CONFIGS]]
-            assert all(r["verified"] for r, _ in scanned), scanned
-            best = max(scanned, key=lambda rc: rc[0]["gflops"])[1]
-            picked[dtype] = (default, best)
-            for config in {default, best}:  # each kernel timed once
-                contenders[config.name] = launcher(d, config, m, n, k, dtype)
+    def __init__(self, d: Dispatcher, m: int, n: int, k: int, dtype: str):
+        self.m, self.n, self.k, self.dtype, self.d = m, n, k, dtype, d
         rng = np.random.default_rng(0)
-        a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
-        contenders["numpy"] = lambda: a @ b
-        seconds = time_interleaved(contenders, TimingOptions(warmup=2, repeat=repeat))
-        gflops = {name: 2.0 * m * n * k / t / 1e9 for name, t in seconds.items()}
-        for dtype in DTYPES:
-            default, best = picked[dtype]
-            if gflops[default.name] >= gflops[best.name]:
-                best = default  # the re-timing has the last word: the default is one of the configs
-            ours = {"default": gflops[default.name], "best": gflops[best.name]}
-            row = {"dtype": dtype, "M": m, "N": n, "K": k,
-                   "default_kernel": default.name, "default_gflops": round(ours["default"], 2),
-                   "best_kernel": best.name, "best_gflops": round(ours["best"], 2)}
-            if dtype == "fp32":  # first of DTYPES: the bar of the others
-                ours_fp32 = ours
-                row.update(baseline="numpy.matmul fp32 (OpenBLAS)", baseline_gflops=round(gflops["numpy"], 2),
-                           **{f"{key}_vs_numpy": round(v / gflops["numpy"], 3) for key, v in ours.items()})
+        self.a, self.b = random_matrix(m, k, dtype, "r", rng), random_matrix(k, n, dtype, "r", rng)
+        self.problem, self.operands, _ = prepare_gemm(self.a, self.b, variant="regular", target="cpu")
+        self.default = d.select(self.problem)
+
+    def ours(self, config=None):
+        library = self.d.library(config or self.default)
+        return lambda: self.d.launch(library, self.problem, self.operands)
+
+    def numpy(self):
+        a, b = self.a, self.b
+        return lambda: a @ b
+
+    def torch(self):
+        import torch
+        torch.set_num_threads(cpu_count())
+        if self.dtype == "int8":
+            a, b = torch.from_numpy(self.a), torch.from_numpy(self.b)
+            return lambda: torch._int_mm(a, b)
+        kind = torch.float32 if self.dtype == "fp32" else torch.bfloat16
+        a = torch.from_numpy(self.a.astype(np.float32)).to(kind)
+        b = torch.from_numpy(self.b.astype(np.float32)).to(kind)
+        return lambda: torch.matmul(a, b)
+
+    def call(self, library: str):
+        return getattr(self, library)()
+
+    def gops(self, seconds: float) -> float:
+        return round(2.0 * self.m * self.n * self.k / seconds / 1e9, 2)
+
+
+def best_config(p: Problem):
+    """The fastest of the default and CONFIGS on a short verified timing."""
+    scan = TimingOptions(warmup=1, repeat=3)
+    scanned = [(run_once(p.d, variant="regular", m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout="rrr",
+                         config=c, timing=scan, verify=True), c)
+               for c in [p.default] + [p.d.config_for(p.problem, f) for f in CONFIGS]]
+    assert all(r["verified"] for r, _ in scanned), scanned
+    return max(scanned, key=lambda rc: rc[0]["gflops"])[1]
+
+
+def measure(libraries: list, sizes: list, dtypes: list, repeat: int, best: bool) -> dict:
+    """{"MxNxK dtype": {contender: GOP/s, "kernel": name}} for the libraries
+    of this process: alone (one library) or alternating (several)."""
+    timing = TimingOptions(warmup=2, repeat=repeat)
+    rows = {}
+    d = Dispatcher(cache=BuildCache(), tuning=None)  # the run's fresh cache; nothing tuned
+    for m, n, k in sizes:
+        for dtype in dtypes:
+            p = Problem(d, m, n, k, dtype)
+            wanted = [lib for lib in libraries if lib == "ours" or lib in baselines(dtype)]
+            if not wanted:
+                continue
+            calls = {lib: p.call(lib) for lib in wanted}
+            row = {"kernel": p.default.name}
+            if best and "ours" in wanted:
+                config = best_config(p)
+                calls["best"] = p.ours(config)
+                row["best_kernel"] = config.name
+            if len(calls) == 1:
+                (name, fn), = calls.items()
+                seconds = {name: time_call(fn, timing)}
             else:
-                row.update({f"{key}_vs_our_fp32": round(v / ours_fp32[key], 3) for key, v in ours.items()})
-            rows.append(row)
-        tqdm.write(f"{m}x{n}x{k}: " + ", ".join(f"{name} {v:.0f}" for name, v in gflops.items()) + " GFLOP/s")
-    fp32 = [r for r in rows if r["dtype"] == "fp32"]
-    summary = {
-        "fp32_default_vs_numpy_geomean": round(geomean(r["default_vs_numpy"] for r in fp32), 3),
-        "fp32_best_vs_numpy_geomean": round(geomean(r["best_vs_numpy"] for r in fp32), 3),
-        **{f"fp32_{key}_vs_numpy_at_{s}": r[f"{key}_vs_numpy"]
-           for r in fp32 for s in (1024, 2048) if (r["M"], r["N"], r["K"]) == (s, s, s)
-           for key in ("default", "best")},
-        **{f"{t}_{key}_vs_our_fp32_geomean": round(geomean(r[f"{key}_vs_our_fp32"] for r in rows
-                                                           if r["dtype"] == t), 3)
-           for t in ("fp16", "bf16") for key in ("default", "best")},
-    }
-    return {"isa": cpu_isa.active().name, "environment": environment(), "summary": summary, "rows": rows}
+                seconds = time_interleaved(calls, timing)
+            row.update({name: p.gops(t) for name, t in seconds.items()})
+            rows[f"{m}x{n}x{k} {dtype}"] = row
+            print(f"  {cpu_isa.active().name} {m}x{n}x{k} {dtype}: " +
+                  ", ".join(f"{name} {row[name]:.0f}" for name in seconds) + " GOP/s", flush=True)
+    return rows
 
 
-def run_child(isa: str, repeat: int) -> dict:
-    """measure_isa in a new process: OpenBLAS reads its core type at load."""
+def run_child(spec: str, libraries: list, args) -> dict:
+    """`measure` in a new process for ISA spec `spec` (OpenBLAS reads its
+    core type at load, and a library alone must be alone in its process)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    env[cpu_isa.ENV] = isa
-    if openblas_coretype(isa):
-        env["OPENBLAS_CORETYPE"] = openblas_coretype(isa)
+    env.update({cpu_isa.ENV: spec, "DISPATCHER_CACHE_DIR": args.cache})
+    if openblas_coretype(spec):
+        env["OPENBLAS_CORETYPE"] = openblas_coretype(spec)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        subprocess.run([sys.executable, __file__, "--child", str(out), "--repeat", str(repeat)],
-                       env=env, check=True)
+        command = [sys.executable, __file__, "--child", str(out), "--libraries", ",".join(libraries),
+                   "--shapes", ",".join("x".join(map(str, s)) for s in args.sizes),
+                   "--dtypes", ",".join(args.dtype_list), "--repeat", str(args.repeat)]
+        subprocess.run(command + (["--best"] if args.best and "ours" in libraries else []), env=env, check=True)
         return json.loads(out.read_text())
+
+
+MODES = ("alone", "alternating")
+
+
+def rows_for(spec: str, args) -> tuple:
+    """(rows, environment) of one spec: every library alone, then all alternating."""
+    alone = {lib: run_child(spec, [lib], args)["rows"] for lib in LIBRARIES}
+    together = run_child(spec, list(LIBRARIES), args)
+    rows = []
+    for key, measured in together["rows"].items():
+        (m, n, k), dtype = map(int, key.split()[0].split("x")), key.split()[1]
+        row = {"dtype": dtype, "M": m, "N": n, "K": k, **{f: v for f, v in measured.items() if "kernel" in f},
+               "alone": {lib: alone[lib][key][lib] for lib in LIBRARIES if lib in alone[lib].get(key, {})},
+               "alternating": {lib: v for lib, v in measured.items() if "kernel" not in lib}}
+        for mode in MODES:
+            for base in baselines(dtype):
+                row[f"{mode}_vs_{base}"] = round(row[mode]["ours"] / row[mode][base], 3)
+            fp32 = together["rows"].get(f"{m}x{n}x{k} fp32")
+            if dtype != "fp32" and fp32:
+                ours_fp32 = fp32["ours"] if mode == "alternating" else alone["ours"][f"{m}x{n}x{k} fp32"]["ours"]
+                row[f"{mode}_vs_our_fp32"] = round(row[mode]["ours"] / ours_fp32, 3)
+        rows.append(row)
+    return rows, together["environment"]
+
+
+def summarize(rows: list) -> dict:
+    """Per dtype and baseline: geomean and minimum of ours / baseline, per mode."""
+    out = {}
+    for dtype in DTYPES:
+        mine = [r for r in rows if r["dtype"] == dtype]
+        for key in sorted({k for r in mine for k in r if "_vs_" in k}):
+            values = [r[key] for r in mine if key in r]
+            out[f"{dtype}_{key}_geomean"] = round(geomean(values), 3)
+            out[f"{dtype}_{key}_min"] = min(values)
+    return out
 
 
 def plot(results: list, path: Path) -> None:
     plt = pyplot(path)
     if plt is None:
         return
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, res in zip(axes[0], results):
-        fp32 = [r for r in res["rows"] if r["dtype"] == "fp32"]
-        x = np.arange(len(fp32))
-        ax.bar(x - 0.2, [r["default_vs_numpy"] for r in fp32], 0.4, label="default (no sweep)")
-        ax.bar(x + 0.2, [r["best_vs_numpy"] for r in fp32], 0.4, label="best of configs")
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(11, 3.6 * len(results)), squeeze=False)
+    for ax, res in zip(axes[:, 0], results):
+        bars = [(f"{r['dtype']} {r['M']}x{r['N']}x{r['K']}", base, r[f"alternating_vs_{base}"])
+                for r in res["rows"] for base in ("numpy", "torch") if f"alternating_vs_{base}" in r]
+        x = np.arange(len(bars))
+        colors = {"numpy": "tab:blue", "torch": "tab:orange"}
+        ax.bar(x, [v for _, _, v in bars], color=[colors[b] for _, b, _ in bars])
         ax.axhline(1.0, color="k", lw=0.8)
         ax.axhline(0.95, color="g", ls="--", lw=0.8)
-        ax.axhline(0.9, color="r", ls=":", lw=0.8)
-        ax.set_xticks(x, [f"{r['M']}x{r['N']}x{r['K']}" for r in fp32], rotation=20, fontsize=8)
-        core = res["environment"].get("OPENBLAS_CORETYPE") or "native"
-        ax.set_title(f"fp32, ISA {res['isa']} vs OpenBLAS ({core})", fontsize=9)
-        ax.set_ylabel("GFLOP/s ratio vs numpy")
-        ax.legend(fontsize=7)
-    fig.suptitle(results[0]["environment"]["cpu"] + ", " + results[0]["environment"]["cpus"], fontsize=9)
+        ax.set_xticks(x, [f"{label} / {base}" for label, base, _ in bars], rotation=60, ha="right", fontsize=6)
+        ax.set_ylabel("ours / baseline (GOP/s)")
+        ax.set_title(f"ISA {res['isa']}, default selection, alternating in one process", fontsize=9)
+    env = results[0]["environment"]
+    fig.suptitle(f"{env['cpu']}, {env['cpus']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--isas", default=",".join(i.name for i in cpu_isa.supported()),
-                    help="comma-separated ISAs to measure (default: every one this machine runs)")
+    ap.add_argument("--isas", default=cpu_isa.active().name,
+                    help="comma-separated ISA specs (default: $DISPATCHER_CPU_ISA, else this machine's best)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--shapes", help="MxNxK,... (default: the corpus's CPU shapes, odd and skinny ones)")
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--out", default="cpu_gemm")
+    ap.add_argument("--best", action="store_true", help="also the best of a few block tiles")
+    ap.add_argument("--out", default="cpu_gemm", help="name under benchmarks/results, or a path")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--libraries", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.sizes, args.dtype_list = shapes(args.shapes), [t for t in args.dtypes.split(",") if t]
     if args.child:
-        Path(args.child).write_text(json.dumps(measure_isa(args.repeat)))
+        rows = measure(args.libraries.split(","), args.sizes, args.dtype_list, args.repeat, args.best)
+        Path(args.child).write_text(json.dumps({"rows": rows, "environment": environment()}))
         return
-    isas = [s for s in args.isas.split(",") if s]
-    for isa in isas:
-        cpu_isa.get(isa)
-    results = [run_child(isa, args.repeat) for isa in isas]
+    specs = [cpu_isa.get(s).name for s in args.isas.split(",") if s]
+    load_before = os.getloadavg()
+    results = []
+    for spec in specs:
+        with tempfile.TemporaryDirectory(prefix="cpu_gemm_cache_") as args.cache:  # nothing pre-built
+            rows, env = rows_for(spec, args)
+        results.append({"isa": spec, "environment": env, "summary": summarize(rows), "rows": rows})
     payload = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-               "timing": {"warmup": 3, "repeat": args.repeat, "statistic": "median"},
-               "native_isa": cpu_isa.supported()[0].name,
+               "timing": {"warmup": 2, "repeat": args.repeat, "statistic": "median"},
+               "load_average": {"before": load_before, "after": os.getloadavg()},
                "per_isa": results}
     path = write(args.out, payload)
-    plot(results, RESULTS / f"{args.out}.png")
     for res in results:
-        print(res["isa"], res["summary"])
-    print(f"wrote {path} and {args.out}.png")
+        print(res["isa"], json.dumps(res["summary"], indent=1))
+    try:
+        plot(results, path.with_suffix(".png"))
+        print(f"wrote {path} and {path.with_suffix('.png').name}")
+    except ImportError:
+        print(f"wrote {path} (no plot: matplotlib is not installed)")
 
 
 if __name__ == "__main__":

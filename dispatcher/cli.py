@@ -299,6 +299,15 @@ def cmd_report(args):
     return 0
 
 
+def _isa_spec(text: str) -> str:
+    """--isa: a CPU ISA spec, in its canonical spelling."""
+    from .targets import cpu_isa
+    try:
+        return cpu_isa.get(text).name
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _migrate_name(name: str, target: str, isa) -> tuple:
     """One `migrate --names` row and whether the name mapped. Whether this
     machine can build the kernel is a column of its own, never a reason not
@@ -501,10 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="fp16", help="for the old tile_configs[dtype][layout] form")
     s.add_argument("--layout", default="rcr")
     s.add_argument("--names", help="a file of CK kernel names (list files: name|tile|trait) to map")
-    from .targets import cpu_isa
-    s.add_argument("--isa", choices=tuple(cpu_isa.ISAS),
-                   help="cpu target: the ISA the configs and names are for "
-                        "(default: $DISPATCHER_CPU_ISA, else the best this machine runs)")
+    s.add_argument("--isa", type=_isa_spec,
+                   help="cpu target: the ISA the configs and names are for, with any extensions "
+                        "(avx512, avx512+bf16+vnni, avx2, generic, neon+dotprod; default: "
+                        "$DISPATCHER_CPU_ISA, else the best this machine runs)")
     s.set_defaults(fn=cmd_migrate)
 
     # listed here; main() hands every argument after it to CK's parser (--help too)

@@ -152,7 +152,7 @@ class KernelConfig:
             tile_k=128 if tile_k is None else tile_k,
             target_opts=resolve_options(
                 tgt.options, {k: v for k, v in block_options.items() if k in target_keys},
-                f"target {target!r}"),
+                f"target {target!r}", {"dtype": _dtype_token(dtype_a)}),
             variant_opts=resolve_options(
                 record.options, {k: v for k, v in block_options.items() if k in variant_keys},
                 f"variant {variant!r}"),

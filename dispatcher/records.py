@@ -21,9 +21,13 @@ from .errors import ConfigError, DtypeError, LayoutError
 class Option:
     """One key of a config block: its default and what values it allows.
 
-    Either `choices` (an explicit tuple) or an integer range `[low, high]`.
+    Either `choices` (an explicit tuple), `convert` (a function of the value
+    and the config's core fields, `context`, that returns the canonical value
+    or raises ConfigError; the CPU ISA, which names only what a kernel of the
+    config's dtype uses) or an integer range `[low, high]`.
     `default` is a value, or a function of the block's given values for a
-    default that depends on another key (the CPU micro-tile on its ISA).
+    default that depends on another key (the CPU micro-tile on its ISA); a
+    default is checked (and converted) as a given value is.
     """
 
     name: str
@@ -32,9 +36,16 @@ class Option:
     choices: Optional[tuple] = None
     low: Optional[int] = None
     high: Optional[int] = None
+    convert: Optional[Callable] = None
 
-    def check(self, value, block: str):
-        """`value` converted to the option's type, or ConfigError naming it."""
+    def check(self, value, block: str, context: Optional[dict] = None):
+        """`value` converted to the option's type, or ConfigError naming it.
+        `context`: the config's core fields ({"dtype": ...}) where known."""
+        if self.convert is not None:
+            try:
+                return self.convert(value, context or {})
+            except ConfigError as e:
+                raise ConfigError(f"{block} option {self.name!r} = {value!r} is invalid: {e}") from None
         if self.choices is not None:
             if value not in self.choices:
                 raise ConfigError(
@@ -68,14 +79,15 @@ def _refuse_unknown(given, known, block: str):
             f"known: {', '.join(sorted(known)) or '(none)'}")
 
 
-def resolve_options(schema: tuple, given: dict, block: str) -> tuple:
-    """Defaults filled in, every key and value checked; a sorted tuple of
-    (name, value) pairs, ready to live in a frozen config."""
+def resolve_options(schema: tuple, given: dict, block: str, context: Optional[dict] = None) -> tuple:
+    """Defaults filled in, every key and value checked (`context`: the
+    config's core fields, for `Option.convert`); a sorted tuple of (name,
+    value) pairs, ready to live in a frozen config."""
     _refuse_unknown(given, {o.name for o in schema}, block)
     resolved = dict(given)
     for opt in schema:  # in schema order: a default may depend on an earlier key
         resolved[opt.name] = opt.check(resolved[opt.name] if opt.name in given
-                                       else opt.default_for(resolved), block)
+                                       else opt.default_for(resolved), block, context)
     return tuple(sorted(resolved.items()))
 
 

@@ -83,7 +83,7 @@ def _not_runnable_isa() -> str:
 
 def _config_for_isa(isa: str) -> dict:
     spec = cpu_isa.get(isa)
-    return dict(SMALL, isa=isa, micro_m=spec.micro_tile[0], micro_n=spec.micro_tile[1])
+    return dict(SMALL, isa=isa, micro_m=spec.isa.micro_tile[0], micro_n=spec.isa.micro_tile[1])
 
 
 def _cuda_unavailable(ctx):

@@ -3,6 +3,8 @@ ISA chosen by the machine or $DISPATCHER_CPU_ISA, and kept apart in kernel
 names, cache keys and tuning keys. Nothing here depends on which ISA this
 machine happens to run."""
 
+import re
+
 import attrs
 import numpy as np
 import pytest
@@ -20,29 +22,34 @@ from dispatcher.verify import max_rel, poison, random_matrix, reference, toleran
 
 CPU = targets.get("cpu")
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
+# Every ISA with all of its extensions, whatever this machine has.
+FULL = {name: cpu_isa.Spec(isa, isa.extensions).name for name, isa in cpu_isa.ISAS.items()}
 
 
 def test_every_default_config_of_every_variant_is_valid_on_every_isa():
+    """On every ISA and micro-kernel; a tile micro-kernel (AMX: 32x32 only)
+    filters the defaults it cannot tile but keeps at least one."""
     checked = 0
     for name, record in get_manager().variants().items():
         if "cpu" not in record.targets:
             continue
         for dtype in record.dtypes:
             for layout in record.layouts:
-                for fields in record.default_configs("cpu", dtype, layout):
-                    for isa in cpu_isa.ISAS:
-                        config = dispatcher.KernelConfig.create(
-                            variant=name, target="cpu", dtype=dtype, layout=layout, isa=isa, **fields)
-                        assert config.target_params["micro_m"], config
-                        assert CPU.build_problem(config) is None, (config.name, CPU.build_problem(config))
-                        assert record.check(config) is None, (config.name, record.check(config))
-                        checked += 1
+                for spec in FULL.values():
+                    configs = [dispatcher.KernelConfig.create(variant=name, target="cpu", dtype=dtype,
+                                                              layout=layout, isa=spec, **fields)
+                               for fields in record.default_configs("cpu", dtype, layout)]
+                    kernel = cpu_isa.get(configs[0].target_params["isa"]).own_kernel
+                    valid = [c for c in configs if CPU.build_problem(c) is None and record.check(c) is None]
+                    assert valid if kernel and kernel.tiles else valid == configs, \
+                        [(c.name, CPU.build_problem(c), record.check(c)) for c in configs]
+                    checked += len(configs)
     assert checked >= 3 * len(dtypes.INPUT_TOKENS) * len(LAYOUTS) * len(cpu_isa.ISAS)
 
 
 @pytest.mark.parametrize("isa", list(cpu_isa.ISAS))
 def test_register_budget_and_vector_width_follow_the_isa(isa):
-    spec = cpu_isa.get(isa)
+    spec = cpu_isa.ISAS[isa]
     mm, mn = spec.micro_tile
     assert spec.micro_tile_problem(mm, mn) is None
     assert spec.registers_needed(mm, mn) <= spec.registers
@@ -53,41 +60,174 @@ def test_register_budget_and_vector_width_follow_the_isa(isa):
     assert "not a multiple" in spec.micro_tile_problem(1, spec.lanes() + 2)
 
 
+def test_matrix_and_tile_instructions_have_their_own_micro_tile():
+    """smmla's accumulators are 2x2 blocks: 8x8 holds 16 of them, 4 A and 4 B
+    registers; NEON's 12x8 would need 34 of its 32; rows come in pairs."""
+    config = dispatcher.KernelConfig.create(dtype="int8", isa="neon+i8mm", tile_m=24, tile_n=48)
+    assert (config.target_params["micro_m"], config.target_params["micro_n"]) == (8, 8)
+    assert CPU.build_problem(config) is None
+    assert "needs 34 vector registers" in CPU.build_problem(config.replace(micro_m=12, micro_n=8))
+    assert "odd" in CPU.build_problem(config.replace(micro_m=3, micro_n=8, tile_m=24))
+    assert dispatcher.KernelConfig.create(dtype="fp32", isa="neon+i8mm").target_params["micro_m"] == 12
+    # AMX's tiles: a 32x32 micro-tile and nothing else
+    amx = dispatcher.KernelConfig.create(dtype="bf16", isa="avx512+amxbf16", tile_m=96, tile_n=128)
+    assert (amx.target_params["micro_m"], amx.target_params["micro_n"]) == (32, 32)
+    assert CPU.build_problem(amx) is None
+    assert "computes 32x32 (2x2 tiles of 16x16)" in CPU.build_problem(amx.replace(micro_m=16))
+    assert "not a multiple of the micro-tile 32x32" in CPU.build_problem(amx.replace(tile_m=120))
+
+
 def test_avx2_has_16_registers_and_avx512_32():
     # AVX-512's default 12x32 micro-tile spills on AVX2; AVX2's fits both.
-    assert cpu_isa.get("avx2").micro_tile_problem(12, 32) is not None
-    assert cpu_isa.get("avx512").micro_tile_problem(12, 32) is None
-    assert cpu_isa.get("avx512").micro_tile_problem(6, 16) is None
+    avx2, avx512 = cpu_isa.ISAS["avx2"], cpu_isa.ISAS["avx512"]
+    assert avx2.micro_tile_problem(12, 32) is not None
+    assert avx512.micro_tile_problem(12, 32) is None
+    assert avx512.micro_tile_problem(6, 16) is None
 
 
 def test_flags_name_a_fixed_isa_never_the_build_machine():
-    for isa in cpu_isa.ISAS:
-        flags = cpu_isa.get(isa).march
-        assert flags and not any(f.endswith("=native") for f in flags), (isa, flags)
+    for spec in FULL.values():
+        flags = cpu_isa.get(spec).march
+        assert flags and not any(f.endswith("=native") for f in flags), (spec, flags)
+    assert cpu_isa.get("avx512+bf16+vnni").march == ("-march=x86-64-v4", "-mtune=generic",
+                                                     "-mavx512bf16", "-mavx512vnni")
+    assert cpu_isa.get("neon+dotprod+i8mm").march == ("-march=armv8.2-a+dotprod+i8mm",)
+    assert cpu_isa.get("neon").march == ("-march=armv8-a",)
     tc = CPU.toolchain()
     assert not any(f.endswith("=native") for f in tc.flags)
     assert set(cpu_isa.active().march) <= set(tc.flags)
     assert f"isa:{cpu_isa.active().name}" in tc.identity
 
 
+def test_spec_syntax_and_its_errors():
+    # + names exactly the extensions wanted, in any order; the name is canonical
+    assert cpu_isa.get("avx512+vnni+bf16").name == "avx512+bf16+vnni"
+    assert cpu_isa.get("avx512").extensions == ()
+    assert cpu_isa.get(" neon+i8mm ").name == "neon+i8mm"
+    for text, message in [("sse9", "unknown CPU ISA 'sse9'; choose one of avx512, avx2"),
+                          ("avx2+bf16", "ISA avx2 has no extension 'bf16'; its extensions: vnni"),
+                          ("generic+vnni", "ISA generic has no extension 'vnni'; its extensions: none"),
+                          ("avx512+bf16-vnni", "mixes \\+ and -"),
+                          ("avx512++bf16", "is not BASE, BASE\\+EXT"),
+                          ("avx512 bf16", "is not BASE")]:
+        with pytest.raises(errors.ConfigError, match=message):
+            cpu_isa.get(text)
+    # - removes extensions from those this machine has: only for a base it runs
+    best = cpu_isa.best(cpu_isa.supported()[0])
+    for ext in best.extensions:
+        without = cpu_isa.get(f"{best.isa.name}-{ext.name}")
+        assert ext not in without.extensions and len(without.extensions) == len(best.extensions) - 1
+    foreign = next(i for i in cpu_isa.ISAS.values() if i not in cpu_isa.supported())
+    some = foreign.extensions[0].name if foreign.extensions else "x"
+    with pytest.raises(errors.ConfigError, match=f"removes extensions from those this machine has, but"):
+        cpu_isa.get(f"{foreign.name}-{some}")
+
+
+def test_a_kernel_names_only_the_extensions_its_dtype_uses():
+    spec = cpu_isa.get("avx512+bf16+vnni+fp16")
+    uses = {dtype: spec.for_dtype(dtype).name for dtype in dtypes.INPUT_TOKENS}
+    assert uses == {"fp32": "avx512", "fp16": "avx512", "bf16": "avx512+bf16", "int8": "avx512+vnni",
+                    **{t: "avx512+bf16" for t in dtypes.INPUT_TOKENS if t.startswith("fp8")}}
+    assert spec.micro_kernel("int8").cpp == "dcpu::DotU8S8"
+    amx = cpu_isa.get(FULL["avx512"])  # AMX before the vector dot products
+    assert [amx.for_dtype(t).name for t in ("bf16", "fp8_e5m2", "int8", "fp32")] == \
+        ["avx512+amxbf16", "avx512+amxbf16", "avx512+amxint8", "avx512"]
+    assert cpu_isa.get("avx512").micro_kernel("int8").cpp == "dcpu::MaddI16"
+    assert cpu_isa.get(FULL["avx2"]).for_dtype("int8").name == "avx2+vnni"
+    assert cpu_isa.get(FULL["neon"]).for_dtype("int8").name == "neon+i8mm"  # smmla before sdot
+    assert cpu_isa.get("neon+dotprod+bf16").for_dtype("int8").name == "neon+dotprod"
+    assert cpu_isa.get("neon+i8mm").for_dtype("fp32").name == "neon"
+    # a config holds the reduced spec, so equal binaries have one name
+    for dtype, expected in [("fp32", "avx512"), ("bf16", "avx512+bf16"), ("int8", "avx512+vnni")]:
+        config = dispatcher.KernelConfig.create(dtype=dtype, tile_m=24, tile_n=64, isa="avx512+bf16+vnni")
+        assert config.target_params["isa"] == expected
+        assert f"_cpu_{expected}_mt12x32_" in config.name
+    with pytest.raises(errors.ConfigError, match="'isa' = 'avx2\\+bf16' is invalid: ISA avx2 has no"):
+        dispatcher.KernelConfig.create(isa="avx2+bf16")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend this machine's /proc/cpuinfo reports the flags given to the
+    returned function (x86-64); the ISA caches are cleared around it."""
+    def fake(flags):
+        monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(cpu_isa, "host_machine", lambda: "x86_64")
+        cpu_isa._active.cache_clear()
+        cpu_isa.get.cache_clear()
+    yield fake
+    cpu_isa._active.cache_clear()
+    cpu_isa.get.cache_clear()
+
+
+AVX512_FLAGS = cpu_isa.ISAS["avx512"].needs | cpu_isa.ISAS["avx2"].needs
+
+
+def test_env_turns_each_extension_off_and_on(machine, monkeypatch):
+    machine(AVX512_FLAGS | {"avx512_bf16", "avx512_vnni"})
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    assert cpu_isa.active().name == "avx512+bf16+vnni"        # the default: everything it has
+    assert CPU.arch_id() == "cpu-avx512+bf16+vnni"            # the tuning key
+    for env, expected in [("avx512-bf16", "avx512+vnni"), ("avx512-vnni-bf16", "avx512"),
+                          ("avx512+bf16", "avx512+bf16"), ("avx512", "avx512"), ("avx2", "avx2")]:
+        monkeypatch.setenv(cpu_isa.ENV, env)
+        assert cpu_isa.active().name == expected
+        assert CPU.arch_id() == f"cpu-{expected}"
+    monkeypatch.setenv(cpu_isa.ENV, "avx512+fp16")
+    with pytest.raises(errors.ConfigError, match=r"DISPATCHER_CPU_ISA=avx512\+fp16: this CPU lacks "
+                                                 r"avx512_fp16 \(AVX512-FP16\), which extension fp16 of "
+                                                 r"ISA avx512 needs; this machine runs avx512\+bf16\+vnni, "
+                                                 r"avx2, generic"):
+        cpu_isa.active()
+    monkeypatch.setenv(cpu_isa.ENV, "avx2+vnni")
+    with pytest.raises(errors.ConfigError, match=r"lacks avx_vnni \(AVX-VNNI\)"):
+        cpu_isa.active()
+    # a config of an extension the machine lacks is refused before building, naming it
+    config = dispatcher.KernelConfig.create(dtype="int8", isa="avx2+vnni", tile_m=24, tile_n=64)
+    assert "avx_vnni (AVX-VNNI)" in CPU.check(config)
+
+
+def test_ci_reruns_parity_with_each_extension_off(machine):
+    """The settings .ci/run and benchmarks/cpu_isa_check.sh rerun the parity
+    tests under: each used extension of the best base off, each other base
+    with and without its extensions (fp16 changes no kernel: not rerun)."""
+    machine(AVX512_FLAGS | {"avx512_bf16", "avx512_vnni", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16",
+                            "amx_int8"})  # the GPU host's Sapphire Rapids
+    assert cpu_isa.active().name == "avx512+bf16+vnni+fp16+amxbf16+amxint8"
+    assert cpu_isa.parity_settings() == ["avx512-bf16", "avx512-vnni", "avx512-amxbf16", "avx512-amxint8",
+                                         "avx2+vnni", "avx2-vnni", "generic"]
+    machine(cpu_isa.ISAS["avx2"].needs)
+    assert cpu_isa.parity_settings() == ["generic"]
+
+
 def test_env_chooses_the_isa_and_refuses_what_this_machine_cannot_run(monkeypatch):
     runnable = cpu_isa.supported()
     assert runnable, "the suite runs on an x86-64 or aarch64 machine"
     monkeypatch.delenv(cpu_isa.ENV, raising=False)
-    assert cpu_isa.active() == runnable[0]
+    assert cpu_isa.active() == cpu_isa.best(runnable[0])
     for isa in runnable:
         monkeypatch.setenv(cpu_isa.ENV, isa.name)
-        assert cpu_isa.active() == isa
+        assert cpu_isa.active() == cpu_isa.Spec(isa)
         assert CPU.arch_id() == f"cpu-{isa.name}"
         assert dispatcher.KernelConfig.create().target_params["isa"] == isa.name
     monkeypatch.setenv(cpu_isa.ENV, "sse9")
-    with pytest.raises(errors.ConfigError, match="'sse9' is not a CPU ISA; choose one of avx512"):
+    with pytest.raises(errors.ConfigError, match="'sse9' is not a CPU ISA: unknown CPU ISA 'sse9'; "
+                                                 "choose one of avx512"):
         cpu_isa.active()
     foreign = next(i for i in cpu_isa.ISAS.values() if i not in runnable)
     monkeypatch.setenv(cpu_isa.ENV, foreign.name)
     with pytest.raises(errors.ConfigError, match=f"{foreign.name}: .*; this machine runs "
-                                                 f"{runnable[0].name}"):
+                                                 f"{re.escape(cpu_isa.runnable_specs()[0])}"):
         cpu_isa.active()
+    # an extension of a base this machine runs, that it lacks
+    lacking = [f"{isa.name}+{e.name}" for isa in runnable for e in isa.extensions
+               if e not in cpu_isa.best(isa).extensions]
+    for text in lacking:
+        monkeypatch.setenv(cpu_isa.ENV, text)
+        ext = cpu_isa.get(text).extensions[0]
+        with pytest.raises(errors.ConfigError, match=f"lacks .*\\({ext.title}\\), which extension "
+                                                     f"{ext.name} of ISA"):
+            cpu_isa.active()
 
 
 def test_a_config_of_an_isa_this_machine_cannot_run_is_refused_before_building():
@@ -98,16 +238,25 @@ def test_a_config_of_an_isa_this_machine_cannot_run_is_refused_before_building()
         Dispatcher(tuning=None).codegen(config)  # ...but not runnable here
 
 
-def test_isa_is_in_the_kernel_name_and_the_cache_key():
+def _cache_key(config):
+    """The build-cache key of `config`, runnable here or not."""
+    source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)
+    return Dispatcher(tuning=None).cache.key(source, CPU.toolchain(config))
+
+
+def test_isa_and_extensions_are_in_the_kernel_name_and_the_cache_key():
     a, b = cpu_isa.supported()[0].name, "generic" if cpu_isa.host_machine() == "x86_64" else "neon"
     if a == b:
         pytest.skip("this machine runs one ISA only")
     ca = dispatcher.KernelConfig.create(tile_m=24, tile_n=64, isa=a)
     cb = dispatcher.KernelConfig.create(tile_m=24, tile_n=64, isa=b)
     assert f"_cpu_{a}_mt" in ca.name and f"_cpu_{b}_mt" in cb.name
-    d = Dispatcher(tuning=None)
-    keys = {d.cache.key(d.codegen(c), CPU.toolchain(c)) for c in (ca, cb)}
-    assert len(keys) == 2
+    assert _cache_key(ca) != _cache_key(cb)
+    # the same bf16 kernel with and without AVX512-BF16: two names, two keys
+    plain, dot = (dispatcher.KernelConfig.create(dtype="bf16", tile_m=24, tile_n=64, isa=isa)
+                  for isa in ("avx512", "avx512+bf16"))
+    assert plain.name.replace("_avx512_", "_avx512+bf16_") == dot.name
+    assert _cache_key(plain) != _cache_key(dot)
 
 
 @pytest.mark.parametrize("variant", ["regular", "stream_k", "grouped"])

@@ -67,7 +67,7 @@ def test_every_reference_config_migrates_for_every_isa(filename, isa):
 
 
 def test_micro_tile_is_the_isa_default_when_it_divides_else_the_largest_valid_one():
-    avx512, avx2 = cpu_isa.get("avx512"), cpu_isa.get("avx2")
+    avx512, avx2 = cpu_isa.ISAS["avx512"], cpu_isa.ISAS["avx2"]
     assert cpu.micro_tile_for(avx512, [96, 192], [64]) == (12, 32)
     assert cpu.micro_tile_for(avx512, [128, 256], [128]) == (8, 32)
     assert cpu.micro_tile_for(avx2, [128], [128]) == (4, 16)   # not 8x32: 37 registers of 16
@@ -94,7 +94,7 @@ def test_migrate_cli_isa_flag(tmp_path, capsys):
     assert json.loads((tmp_path / "sweep.json").read_text())["isa"] == {"values": ["neon"]}
     with pytest.raises(SystemExit) as refused:
         cli.main(["migrate", str(legacy), "--isa", "sse"])
-    assert refused.value.code == 2 and "invalid choice: 'sse'" in capsys.readouterr().err
+    assert refused.value.code == 2 and "--isa: unknown CPU ISA 'sse'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--isa is a cpu target option"):
         cli.main(["migrate", str(legacy), "--target", "cuda", "--isa", "avx2"])
 

@@ -8,6 +8,10 @@ inputs written here. Outputs are poisoned before the launch, operands sit in
 poisoned padding (so a wrong leading dimension reads or writes poison), and
 results are compared with the float64 reference as in test_regular.py.
 
+Every micro-kernel of the NEON ISA's extensions (sdot, bfdot, smmla: `cpu_isa`)
+runs every variant too, under `qemu-aarch64 -cpu max` (which has them), and
+its library is checked to hold the instruction.
+
 Runs wherever Debian's `g++-aarch64-linux-gnu` and `qemu-user` are installed
 (`.ci/run` installs them); skipped elsewhere. All kernels are compiled in
 parallel and every case runs in one qemu process, to stay fast on 2 cores.
@@ -30,12 +34,14 @@ import pytest
 import dispatcher
 from dispatcher import plugins, targets
 from dispatcher.errors import ToolchainError
+from dispatcher.targets import cpu_isa
 from dispatcher.targets.cpu import CROSS_COMPILERS, Toolchain
 from dispatcher.targets.toolchain import NATIVE_DIR
 from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
 
 CROSS = CROSS_COMPILERS["aarch64"]
 QEMU = "qemu-aarch64"
+OBJDUMP = "aarch64-linux-gnu-objdump"
 DRIVER = Path(__file__).parent / "native" / "neon_driver.cpp"
 COMPILE_TIMEOUT_S = 300   # one kernel takes ~2 s; a stuck compiler fails the test instead
 RUN_TIMEOUT_S = 300       # every case, one qemu process; ~10 s
@@ -59,6 +65,14 @@ EXTRA_KERNELS = [
     ("stream_k", "fp32", "ccr", dict(reduction="atomic", decomposition="hybrid", micro_m=8, micro_n=12)),
     ("stream_k", "int8", "rcr", dict(reduction="atomic", decomposition="stream_k", micro_m=8, micro_n=12)),
 ]
+# The instruction each extension micro-kernel is built around.
+INSTRUCTIONS = {"dcpu::DotS8": "sdot", "dcpu::DotBf16": "bfdot", "dcpu::MmlaS8": "smmla"}
+# Each micro-kernel of an extension: its spec (the base and the extensions it
+# needs) and the dtypes it computes. A K block of 29 ends in a partial k group.
+EXTENSION_KERNELS = [(cpu_isa.Spec(cpu_isa.ISAS["neon"], tuple(cpu_isa.ISAS["neon"].extension(e)
+                                                               for e in kernel.needs)).name, dtype)
+                     for kernel in cpu_isa.ISAS["neon"].micro_kernels for dtype in sorted(kernel.dtypes)
+                     if dtype in DTYPES]
 # (M, N, K), alpha, beta of each GEMM launch; alpha and beta are exact in int32.
 GEMM_LAUNCHES = [((37, 53, 71), 1.0, 0.0), ((1, 1, 70), 1.0, 0.0), ((131, 7, 257), 1.0, 0.0),
                  ((48, 96, 64), 1.0, 0.0), ((37, 53, 71), -2.0, 3.0)]
@@ -75,8 +89,18 @@ def kernel_specs() -> list:
     specs = [(variant, dtype, LAYOUTS[(i + v) % len(LAYOUTS)], options)
              for v, (variant, options) in enumerate(VARIANTS.items())
              for i, dtype in enumerate(DTYPES)]
-    return [pytest.param(spec, id="-".join(spec[:3]) + ("-atomic" if spec in EXTRA_KERNELS else ""))
-            for spec in specs + EXTRA_KERNELS]
+    def extension(options, isa):  # the micro-kernel's own micro-tile
+        return dict({k: v for k, v in options.items() if not k.startswith("micro_")}, isa=isa, tile_k=29)
+
+    extended = [(variant, dtype, LAYOUTS[(i + v) % len(LAYOUTS)], extension(options, isa))
+                for i, (isa, dtype) in enumerate(EXTENSION_KERNELS)
+                for v, (variant, options) in enumerate(VARIANTS.items())]
+    extended += [(variant, dtype, layout, extension(options, isa))
+                 for variant, dtype, layout, options in EXTRA_KERNELS
+                 for isa, ext_dtype in EXTENSION_KERNELS if ext_dtype == dtype]
+    return [pytest.param(spec, id="-".join([spec[3].get("isa", "neon"), *spec[:3]]) +
+                         ("-atomic" if spec[3].get("reduction") == "atomic" else ""))
+            for spec in specs + EXTRA_KERNELS + extended]
 
 
 def run_bounded(cmd: list, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -199,13 +223,14 @@ class Kernel:
     flags: tuple
     library: Path
     build_error: str = ""
+    instructions: str = ""  # the library's disassembly, for an extension kernel
     launches: list = field(default_factory=list)
 
 
 def neon_config(spec):
     variant, dtype, layout, options = spec
-    return dispatcher.KernelConfig.create(variant=variant, dtype=dtype, layout=layout, **TILE,
-                                          isa="neon", threads=THREADS, **options)
+    return dispatcher.KernelConfig.create(variant=variant, dtype=dtype, layout=layout,
+                                          **{**TILE, "isa": "neon", "threads": THREADS, **options})
 
 
 def make_kernel(spec, folder: Path) -> Kernel:
@@ -221,12 +246,15 @@ def make_kernel(spec, folder: Path) -> Kernel:
     return Kernel(config, problem, folder / name, source.flags, folder / f"{config.name}.so")
 
 
-def compile_kernel(kernel: Kernel, toolchain: Toolchain) -> None:
-    """The product's build command: the NEON toolchain's flags, a shared library."""
+def compile_kernel(kernel: Kernel) -> None:
+    """The product's build command: its NEON spec's toolchain and flags, a shared library."""
+    toolchain = Toolchain.find(kernel.config.target_params["isa"])
     proc = run_bounded([toolchain.compiler, *toolchain.flags, *kernel.flags, str(kernel.source),
                         "-o", str(kernel.library)], COMPILE_TIMEOUT_S)
     if proc.returncode:
         kernel.build_error = proc.stderr
+    elif kernel.config.target_params["isa"] != "neon":
+        kernel.instructions = run_bounded([OBJDUMP, "-d", str(kernel.library)], COMPILE_TIMEOUT_S).stdout
 
 
 def compile_driver(toolchain: Toolchain, exe: Path) -> None:
@@ -250,7 +278,7 @@ def make_launches(kernel: Kernel, folder: Path, rng) -> list:
 def neon_kernels(tmp_path_factory) -> dict:
     """Every kernel of `kernel_specs` built and launched under qemu once, by
     config name; each test then checks its own kernel's results."""
-    missing = [tool for tool in (CROSS, QEMU) if not shutil.which(tool)]
+    missing = [tool for tool in (CROSS, QEMU, OBJDUMP) if not shutil.which(tool)]
     if missing:
         pytest.skip(f"needs {' and '.join(missing)} on PATH "
                     "(apt-get install g++-aarch64-linux-gnu qemu-user)")
@@ -261,7 +289,7 @@ def neon_kernels(tmp_path_factory) -> dict:
     exe = folder / "neon_driver"
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
         jobs = [pool.submit(compile_driver, toolchain, exe)]
-        jobs += [pool.submit(compile_kernel, k, toolchain) for k in kernels if not k.problem]
+        jobs += [pool.submit(compile_kernel, k) for k in kernels if not k.problem]
         for job in jobs:
             job.result()  # each compile is bounded by COMPILE_TIMEOUT_S
     rng = np.random.default_rng(1234)
@@ -273,8 +301,8 @@ def neon_kernels(tmp_path_factory) -> dict:
     (folder / "jobs.txt").write_text("\n".join(lines) + "\n")
     # Passive OpenMP waits: spinning threads are emulated instruction by instruction.
     env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-    proc = run_bounded([QEMU, "-L", str(sysroot), str(exe), str(folder / "jobs.txt")], RUN_TIMEOUT_S,
-                       env=env)
+    proc = run_bounded([QEMU, "-cpu", "max", "-L", str(sysroot), str(exe), str(folder / "jobs.txt")],
+                       RUN_TIMEOUT_S, env=env)
     reports = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(reports) == len(lines), (
         f"qemu-aarch64 driver exited {proc.returncode} after {len(reports)} of {len(lines)} "
@@ -293,6 +321,10 @@ def test_neon_kernel_matches_reference_under_qemu(spec, neon_kernels):
     kernel = neon_kernels[config.name]
     assert kernel.problem is None, f"{config.name} is not a valid NEON config: {kernel.problem}"
     assert not kernel.build_error, f"{config.name} does not cross-compile:\n{kernel.build_error[:3000]}"
+    if config.target_params["isa"] != "neon":
+        spec = cpu_isa.get(config.target_params["isa"])
+        instruction = INSTRUCTIONS[spec.micro_kernel(config.dtype_a).cpp]
+        assert f"\t{instruction}\t" in kernel.instructions, f"{config.name} has no {instruction}"
     for launch in kernel.launches:
         assert (launch.status, launch.name) == (0, config.name), launch.error
         for gemm in launch.gemms:

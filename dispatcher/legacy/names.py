@@ -125,10 +125,10 @@ def target_fields(target: str, isa: str | None, tiles_m, tiles_n) -> dict:
             raise ConfigError(f"an ISA ({isa}) is a cpu target option, not a {target} one")
         return {}
     chosen = cpu_isa.get(isa) if isa else cpu_isa.active()
-    micro = cpu.micro_tile_for(chosen, tiles_m, tiles_n)
+    micro = cpu.micro_tile_for(chosen.isa, tiles_m, tiles_n)
     if micro is None:
-        raise ConfigError(f"no micro-tile of ISA {chosen.name} divides tile_m {list(tiles_m)} and "
-                          f"tile_n {list(tiles_n)} (micro_n must be a multiple of {chosen.lanes()} lanes)")
+        raise ConfigError(f"no micro-tile of ISA {chosen.isa.name} divides tile_m {list(tiles_m)} and "
+                          f"tile_n {list(tiles_n)} (micro_n must be a multiple of {chosen.isa.lanes()} lanes)")
     return {"isa": chosen.name, "micro_m": micro[0], "micro_n": micro[1]}
 
 

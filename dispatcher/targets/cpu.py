@@ -1,11 +1,12 @@
 """The `cpu` target: generated C++ with OpenMP, built by the system compiler.
 
 Kernels instantiate the tile library in `dispatcher/native/cpu/`. The
-target block of a CPU `KernelConfig` is the instruction set (`isa`, see
-`cpu_isa`), the register micro-tile and the thread count. A kernel is
-compiled with its ISA's fixed flags (`-march=x86-64-v3`, never
-`-march=native`), and the ISA is in its name, so a cached library or a
-tuned winner is only ever used where that ISA runs.
+target block of a CPU `KernelConfig` is the instruction set (`isa`, a
+`cpu_isa` spec: the base and the extensions the kernel's micro-kernel uses),
+the register micro-tile and the thread count. A kernel is compiled with its
+spec's fixed flags (`-march=x86-64-v4 -mavx512bf16`, never `-march=native`),
+and the spec is in its name, so a cached library or a tuned winner is only
+ever used where that ISA and those extensions run.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Toolchain(CompilerMixin):
     @classmethod
     @functools.lru_cache(maxsize=None)
     def find(cls, isa_name: str) -> "Toolchain":
-        isa = cpu_isa.get(isa_name)
+        spec = cpu_isa.get(isa_name)
+        isa = spec.isa
         if isa.machine == cpu_isa.host_machine():
             candidate = os.environ.get("CXX") or "g++"
             path = shutil.which(candidate) or shutil.which("c++")
@@ -59,22 +61,22 @@ class Toolchain(CompilerMixin):
         if not path:
             raise ToolchainError(f"no C++ compiler for ISA {isa.name} found (looked for "
                                  f"{candidate!r} on PATH): {advice}")
-        flags = ("-O3", *isa.march, "-fopenmp", "-std=c++17", "-fPIC", "-shared",
+        flags = ("-O3", *spec.march, "-fopenmp", "-std=c++17", "-fPIC", "-shared",
                  "-fvisibility=hidden", f"-I{NATIVE_DIR}")
-        return cls(path, flags, isa.name)
+        return cls(path, flags, spec.name)
 
     @functools.cached_property
     def identity(self) -> str:
-        """Compiler version and the ISA built for: both change the binary
-        (the machine that builds does not)."""
+        """Compiler version and the ISA spec built for: both change the
+        binary (the machine that builds does not)."""
         version = subprocess.run([self.compiler, "--version"], capture_output=True,
                                  text=True).stdout.splitlines()[:1]
         return f"{' '.join(version)} | isa:{self.isa} | headers:{headers_hash('cpu')}"
 
 
-def _isa_of(block: dict) -> cpu_isa.Isa:
-    """The ISA a target block names, else the active one."""
-    return cpu_isa.ISAS.get(block.get("isa")) or cpu_isa.active()
+def _spec_of(block: dict) -> cpu_isa.Spec:
+    """The ISA spec a target block names (reduced to its dtype's), else the active one."""
+    return cpu_isa.get(block["isa"]) if "isa" in block else cpu_isa.active()
 
 
 # Spins of an idle OpenMP worker before it sleeps (see `prepare_process`).
@@ -90,12 +92,13 @@ class CpuTarget:
     pads = False  # its kernels read operands at any alignment (see `aligned`)
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
-               "instruction set (default: $DISPATCHER_CPU_ISA, else the best this machine runs)",
-               choices=tuple(cpu_isa.ISAS)),
-        Option("micro_m", lambda block: _isa_of(block).micro_tile[0],
-               "rows of the register micro-tile (default: the ISA's)", low=1, high=32),
-        Option("micro_n", lambda block: _isa_of(block).micro_tile[1],
-               "columns of the register micro-tile (default: the ISA's)", low=4, high=64),
+               "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "
+               "else the best this machine runs), reduced to those the config's dtype uses",
+               convert=cpu_isa.config_value),
+        Option("micro_m", lambda block: _spec_of(block).micro_tile[0],
+               "rows of the register micro-tile (default: the ISA's, or its micro-kernel's)", low=1, high=32),
+        Option("micro_n", lambda block: _spec_of(block).micro_tile[1],
+               "columns of the register micro-tile (default: the ISA's, or its micro-kernel's)", low=4, high=64),
         Option("threads", 0, "OpenMP threads (0: all)", low=0, high=MAX_WORKERS),
     )
 
@@ -109,14 +112,13 @@ class CpuTarget:
 
     def check(self, config) -> str | None:
         """None if the tile library can instantiate `config` and this
-        machine runs its ISA, else why not."""
+        machine runs its ISA spec, else why not."""
         return self.build_problem(config) or cpu_isa.why_not_runnable(cpu_isa.get(config.target_params["isa"]))
 
     def build_problem(self, config) -> str | None:
         """None if `config` can be compiled for its ISA (wherever that runs)."""
         o = config.target_params
-        isa = cpu_isa.get(o["isa"])
-        micro = isa.micro_tile_problem(o["micro_m"], o["micro_n"])
+        micro = cpu_isa.get(o["isa"]).micro_tile_problem(o["micro_m"], o["micro_n"])
         if micro:
             return micro
         if config.tile_m % o["micro_m"] or config.tile_n % o["micro_n"]:
@@ -150,6 +152,7 @@ class CpuTarget:
         """C++ that defines `KernelTraits` and `KERNEL_NAME` for `config`;
         every variant template starts with it."""
         o = config.target_params
+        spec = cpu_isa.get(o["isa"])
         lines = ['#include "dispatcher_abi.h"', '#include "cpu/tile_gemm.hpp"', ""]
         codecs, tables = {}, set()
         for role, token in (("A", config.dtype_a), ("B", config.dtype_b), ("C", config.dtype_c)):
@@ -170,13 +173,13 @@ class CpuTarget:
             f"    {codecs['A']}, {codecs['B']}, {codecs['C']},",
             f"    {config.tile_m}, {config.tile_n}, {config.tile_k}, {o['micro_m']}, {o['micro_n']},",
             f"    {str(config.layout[0] == 'r').lower()}, {str(config.layout[1] == 'r').lower()},",
-            f"    {cpu_isa.get(o['isa']).vector_bytes}, {o['threads']}>;",
+            f"    {spec.isa.vector_bytes}, {o['threads']}, {spec.micro_kernel(config.dtype_a).cpp}>;",
             "",
         ]
         return "\n".join(lines)
 
     def arch_id(self) -> str:
-        """What a tuning result is valid for: the active ISA."""
+        """What a tuning result is valid for: the active ISA spec."""
         return f"cpu-{cpu_isa.active().name}"
 
     def panel_reuse(self, problem, config, workers: int) -> int:
@@ -254,8 +257,8 @@ class CpuTarget:
         return HostSession(*arrays)
 
     def parallelism_hint(self) -> str:
-        isa = cpu_isa.active()
-        return f"{cpu_count()} threads, ISA {isa.name} ({isa.vector_bytes * 8}-bit vectors)"
+        spec = cpu_isa.active()
+        return f"{cpu_count()} threads, ISA {spec.name} ({spec.isa.vector_bytes * 8}-bit vectors)"
 
 
 def micro_tile_for(isa: cpu_isa.Isa, tiles_m, tiles_n) -> tuple | None:

@@ -1,11 +1,12 @@
 // The CPU tile library that generated gemm-dispatcher sources instantiate.
 //
-// A kernel is a `Traits` type (dtypes, block tile, micro-tile, layouts) and
-// three building blocks every variant shares:
+// A kernel is a `Traits` type (dtypes, block tile, micro-tile, layouts, the
+// micro-kernel's arithmetic: a policy of dot_ops.hpp) and three building
+// blocks every variant shares:
 //   accumulate_tile  - one output block over a K range: packs A and B into
 //                      zero-padded panels (converting any storage dtype to the
-//                      compute type while packing) and runs the register-blocked
-//                      micro-kernel over them;
+//                      policy's packed types while packing) and runs the
+//                      register-blocked micro-kernel over them;
 //   store_tile       - the epilogue: alpha/beta, then the fused bias and
 //                      activation an `Epilogue` type names, converting to the
 //                      output dtype;
@@ -32,6 +33,7 @@
 #include <string>
 
 #include "cpu/vec_math.hpp"
+#include "dot_ops.hpp"
 #include "dispatcher_abi.h"
 
 namespace dcpu {
@@ -39,7 +41,8 @@ namespace dcpu {
 // ---------------------------------------------------------------- codecs ----
 // A codec names the storage type of one operand and converts it to and from
 // the compute type. Everything is converted while packing, so the
-// micro-kernel only ever sees the compute type (float or int32).
+// micro-kernel only ever sees the packed type of its policy (the compute
+// type, float or int32, or the narrow type a dot-product instruction takes).
 
 struct F32 {
     using storage = float;
@@ -110,7 +113,7 @@ struct I32 {
 
 // ---------------------------------------------------------------- traits ----
 template <class A_, class B_, class C_, int MC_, int NC_, int KC_, int MR_, int NR_,
-          bool ARow_, bool BRow_, int VecBytes_, int Threads_>
+          bool ARow_, bool BRow_, int VecBytes_, int Threads_, class Dot_ = Fma>
 struct Traits {
     using A = A_;
     using B = B_;
@@ -124,6 +127,29 @@ struct Traits {
     static constexpr int vec_bytes = VecBytes_;
     static constexpr int threads = Threads_;  // 0: all OpenMP threads
     static_assert((NR_ * sizeof(Acc)) % VecBytes_ == 0, "NR must fill whole vectors");
+
+    // Packed panels (see `pack_sliver`): element types and k groups (A's
+    // are KGA deep, B's KG; a K block is padded to a multiple of KPAD).
+    using Dot = Dot_;
+    using PA = typename Dot_::template A<A_>;
+    using PB = typename Dot_::template B<B_>;
+    static constexpr int KG = Dot_::KG, KGA = PanelShape<Dot_>::a_group, KPAD = PanelShape<Dot_>::pad;
+    static constexpr bool pairs = Pairs<Dot_>::value, tiles = Tiles<Dot_>::value;
+    static_assert(tiles || KGA == KG, "A and B groups differ for tile instructions only");
+    static_assert(tiles || (KG * sizeof(PA) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1) &&
+                            KG * sizeof(PB) * (pairs ? 2 : 1) == sizeof(Acc) * (pairs ? 4 : 1)),
+                  "a k group fills one accumulator lane (of a pair: one 2x2 block)");
+    static_assert(!pairs || (MR_ % 2 == 0 && NR_ % 2 == 0), "pairs of rows and columns");
+    static_assert(!tiles || (MR_ == 32 && NR_ == 32), "tile micro-kernels compute 32x32");
+    static constexpr size_t padded(int kc) { return size_t(kc + KPAD - 1) / KPAD * KPAD; }
+    static constexpr size_t groups(int kc) { return padded(kc) / KG; }
+    static constexpr size_t a_groups(int kc) { return padded(kc) / KGA; }
+    static constexpr size_t a_sliver_bytes(int kc) {
+        return padded(kc) * MR * sizeof(PA) + (Dot_::row_offset_scale ? MR * sizeof(int32_t) : 0);
+    }
+    static constexpr size_t b_sliver_bytes(int kc) { return padded(kc) * NR * sizeof(PB); }
+    static constexpr size_t a_panel_bytes = size_t(MC / MR) * a_sliver_bytes(KC);
+    static constexpr size_t b_panel_bytes = size_t(NC / NR) * b_sliver_bytes(KC);
 };
 
 // ------------------------------------------------------------- epilogue ----
@@ -342,7 +368,7 @@ struct AlignedFree {
 };
 
 template <class T>
-void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out);
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out);
 
 // Packed panels and the block accumulator, one set per thread, grown on demand.
 //
@@ -355,24 +381,24 @@ template <class T>
 struct Buffers {
     using Acc = typename T::Acc;
     static constexpr size_t kPanelCacheBytes = size_t(64) << 20;
-    std::unique_ptr<Acc, AlignedFree> a_panel, b_panels, acc;
-    size_t b_capacity = 0;              // elements in b_panels
+    std::unique_ptr<unsigned char, AlignedFree> a_panel, b_panels;
+    std::unique_ptr<Acc, AlignedFree> acc;
+    size_t b_capacity = 0;              // bytes in b_panels
     uint64_t b_generation = 0;          // launch whose panels b_panels holds
     int64_t b_column = -1;              // their column start j0
     std::unique_ptr<bool[]> b_packed;   // which K blocks are packed
     size_t b_blocks = 0;
 
-    static Acc* make(size_t count) {
-        size_t bytes = (count * sizeof(Acc) + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, bytes);
+    static void* make(size_t bytes) {
+        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!p) throw std::bad_alloc();
-        return static_cast<Acc*>(p);
+        return p;
     }
     static Buffers& local() {
         static thread_local Buffers buffers;
         if (!buffers.acc) {
-            buffers.a_panel.reset(make(size_t(T::MC) * T::KC));
-            buffers.acc.reset(make(size_t(T::MC) * T::NC));
+            buffers.a_panel.reset(static_cast<unsigned char*>(make(T::a_panel_bytes)));
+            buffers.acc.reset(static_cast<Acc*>(make(size_t(T::MC) * T::NC * sizeof(Acc))));
         }
         return buffers;
     }
@@ -383,17 +409,17 @@ struct Buffers {
         return b_generation == P.generation && b_column == j0 && block < b_blocks && b_packed[block];
     }
     // The packed panel of K block `block` of column j0, packing it if needed.
-    const Acc* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
-        const size_t panel = size_t(T::KC) * T::NC;
+    const unsigned char* b_panel(const Problem<T>& P, int64_t j0, int nc, int64_t kb, int kc) {
+        const size_t panel = T::b_panel_bytes;
         const size_t blocks = size_t(P.k_iters());
         // Caching pays off only if this thread computes another tile of the
         // column; else a cached panel is written to memory and never read
         // again (on long-K problems that doubles B's memory traffic).
         const bool reused = P.reuse_b_panels && P.tiles_m() > 1;
-        const bool cacheable = reused && blocks * panel * sizeof(Acc) <= kPanelCacheBytes;
+        const bool cacheable = reused && blocks * panel <= kPanelCacheBytes;
         const size_t want = cacheable ? blocks : 1;
         if (b_capacity < want * panel) {
-            b_panels.reset(make(want * panel));
+            b_panels.reset(static_cast<unsigned char*>(make(want * panel)));
             b_capacity = want * panel;
             b_generation = 0;
         }
@@ -412,7 +438,7 @@ struct Buffers {
             b_column = j0;
         }
         const size_t block = size_t(kb / T::KC);
-        Acc* dst = b_panels.get() + block * panel;
+        unsigned char* dst = b_panels.get() + block * panel;
         if (!b_packed[block]) {
             pack_b<T>(P, kb, kc, j0, nc, dst);
             b_packed[block] = true;
@@ -422,76 +448,96 @@ struct Buffers {
 };
 
 // ---------------------------------------------------------------- packing ----
-// A block (mc x kc) -> MR-row slivers, each stored k-major: out[(s*kc+p)*MR+i].
-template <class T>
-void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, typename T::Acc* out) {
-    using Acc = typename T::Acc;
-    constexpr int MR = T::MR;
-    const int slivers = (mc + MR - 1) / MR;
-    for (int s = 0; s < slivers; ++s) {
-        Acc* __restrict dst = out + size_t(s) * kc * MR;
-        const int rows = std::min(MR, mc - s * MR);
-        if (T::a_row && rows == MR) {
-            // Full sliver of row-major A: k outer, rows inner, so stores are
-            // contiguous and each row is one sequential read stream (2x faster).
-            const auto* src = P.a + (i0 + s * MR) * P.lda + k0;
-            const int64_t lda = P.lda;
-            for (int p = 0; p < kc; ++p)
+// A block (mc x kc) is packed as MR-row slivers and a B block (kc x nc) as
+// NR-column slivers, each `groups` k groups deep (kc padded to the policy's
+// KPAD): group g holds the KG consecutive k values g*KG.. of each of the
+// sliver's R lines (rows of A, columns of B) side by side, zero past kc and
+// past the block's edge: sliver[(g * R + line) * KG + q] = X[line][g * KG + q].
+// (KG 1 is the classic k-major panel; a tile instruction's A has KG 32 or 64:
+// a sliver's group is 64 bytes of each row, one tile row.) element(line, p)
+// reads the source, already packed.
+// Loops run k outer and lines inner: the stores are contiguous, and every
+// layout reads contiguously either along the lines (row-major A is read as
+// MR sequential streams, 2x faster than row by row).
+template <int R, int KG, class PT, class Element>
+inline void pack_sliver(PT* __restrict dst, int lines, int kc, int groups, PT zero, Element element) {
+    const int whole = kc / KG;
+    if (lines == R) {
+        for (int g = 0; g < whole; ++g)
 #pragma GCC unroll 16
-                for (int i = 0; i < MR; ++i) dst[p * MR + i] = T::A::load(src[i * lda + p]);
-            continue;
+            for (int l = 0; l < R; ++l)
+#pragma GCC unroll 4
+                for (int q = 0; q < KG; ++q) dst[(g * R + l) * KG + q] = element(l, g * KG + q);
+    } else {
+        for (int g = 0; g < whole; ++g)
+            for (int l = 0; l < R; ++l)
+                for (int q = 0; q < KG; ++q)
+                    dst[(g * R + l) * KG + q] = l < lines ? element(l, g * KG + q) : zero;
+    }
+    for (int g = whole; g < groups; ++g)  // a partial group, and zero ones up to `groups`
+        for (int l = 0; l < R; ++l)
+            for (int q = 0; q < KG; ++q) {
+                const int p = g * KG + q;
+                dst[(g * R + l) * KG + q] = l < lines && p < kc ? element(l, p) : zero;
+            }
+}
+
+// A block (mc x kc) at (i0, k0) -> MR-row slivers. A policy with row offsets
+// (dot_ops.hpp) appends each row's: row_offset_scale x the sum of its A values.
+template <class T>
+void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, unsigned char* out) {
+    using Dot = typename T::Dot;
+    using PA = typename T::PA;
+    using Codec = typename T::A;
+    constexpr int MR = T::MR, KG = T::KGA;
+    const PA zero = Dot::template pack_a<Codec>(typename Codec::storage{});
+    const int64_t lda = P.lda;
+    const int slivers = (mc + MR - 1) / MR, groups = int(T::a_groups(kc));
+    for (int s = 0; s < slivers; ++s) {
+        PA* dst = reinterpret_cast<PA*>(out + s * T::a_sliver_bytes(kc));
+        const int rows = std::min(MR, mc - s * MR);
+        if constexpr (T::a_row) {
+            const auto* src = P.a + (i0 + s * MR) * lda + k0;
+            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) {
+                return Dot::template pack_a<Codec>(src[i * lda + p]); });
+        } else {
+            const auto* src = P.a + k0 * lda + i0 + s * MR;
+            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) {
+                return Dot::template pack_a<Codec>(src[p * lda + i]); });
         }
-        for (int i = 0; i < MR; ++i) {
-            if (i >= rows) {
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = Acc(0);
-                continue;
+        if constexpr (Dot::row_offset_scale != 0) {
+            int32_t offsets[MR];
+            for (int i = 0; i < MR; ++i) {
+                int32_t sum = 0;
+                for (int e = 0; e < groups * KG; ++e) sum += dst[(e / KG * MR + i) * KG + e % KG];
+                offsets[i] = Dot::row_offset_scale * sum;
             }
-            const int64_t row = i0 + s * MR + i;
-            if constexpr (T::a_row) {
-                const auto* src = P.a + row * P.lda + k0;
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p]);
-            } else {
-                const auto* src = P.a + k0 * P.lda + row;
-                for (int p = 0; p < kc; ++p) dst[p * MR + i] = T::A::load(src[p * P.lda]);
-            }
+            std::memcpy(dst + size_t(groups) * MR * KG, offsets, sizeof offsets);
         }
     }
 }
 
-// B block (kc x nc) -> NR-column slivers, each stored k-major: out[(s*kc+p)*NR+j].
+// B block (kc x nc) at (k0, j0) -> NR-column slivers.
 template <class T>
-void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, typename T::Acc* out) {
-    using Acc = typename T::Acc;
-    constexpr int NR = T::NR;
-    const int slivers = (nc + NR - 1) / NR;
+void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out) {
+    using Dot = typename T::Dot;
+    using PB = typename T::PB;
+    using Codec = typename T::B;
+    constexpr int NR = T::NR, KG = T::KG;
+    const PB zero = Dot::template pack_b<Codec>(typename Codec::storage{});
+    const int64_t ldb = P.ldb;
+    const int slivers = (nc + NR - 1) / NR, groups = int(T::groups(kc));
     for (int s = 0; s < slivers; ++s) {
-        Acc* dst = out + size_t(s) * kc * NR;
+        PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
         const int cols = std::min(NR, nc - s * NR);
-        const int64_t col0 = j0 + s * NR;
         if constexpr (T::b_row) {
-            for (int p = 0; p < kc; ++p) {
-                const auto* src = P.b + (k0 + p) * P.ldb + col0;
-                Acc* d = dst + size_t(p) * NR;
-                for (int j = 0; j < cols; ++j) d[j] = T::B::load(src[j]);
-                for (int j = cols; j < NR; ++j) d[j] = Acc(0);
-            }
-        } else if (cols == NR) {
-            // Full sliver of column-major B: as for row-major A above.
-            const auto* src = P.b + col0 * P.ldb + k0;
-            const int64_t ldb = P.ldb;
-            for (int p = 0; p < kc; ++p)
-#pragma GCC unroll 32
-                for (int j = 0; j < NR; ++j) dst[p * NR + j] = T::B::load(src[j * ldb + p]);
+            const auto* src = P.b + k0 * ldb + j0 + s * NR;
+            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) {
+                return Dot::template pack_b<Codec>(src[p * ldb + j]); });
         } else {
-            // Column-major B: read each column contiguously along k.
-            for (int j = 0; j < NR; ++j) {
-                if (j >= cols) {
-                    for (int p = 0; p < kc; ++p) dst[p * NR + j] = Acc(0);
-                    continue;
-                }
-                const auto* src = P.b + (col0 + j) * P.ldb + k0;
-                for (int p = 0; p < kc; ++p) dst[p * NR + j] = T::B::load(src[p]);
-            }
+            const auto* src = P.b + (j0 + s * NR) * ldb + k0;
+            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) {
+                return Dot::template pack_b<Codec>(src[j * ldb + p]); });
         }
     }
 }
@@ -538,17 +584,74 @@ Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int
 }
 
 // ----------------------------------------------------------- micro-kernel ----
-// MR x NR outer products over kc steps, every accumulator in a register.
-// Written with GCC vector extensions so -march picks the instructions.
+// A matrix instruction's micro-kernel: (MR/2) x (NR/2) accumulators, each the
+// 2x2 block [r0c0 r0c1 r1c0 r1c1] of one pair of rows and one of columns; a
+// step multiplies each row pair's k group (2 x KG values, one register) with
+// each column pair's.
 template <class T>
-inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
-                         const typename T::Acc* __restrict bp, typename T::Acc* __restrict c,
-                         int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+inline void pair_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                              const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                              int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
     using Acc = typename T::Acc;
+    constexpr int MP = T::MR / 2, NP = T::NR / 2, KG = T::KG;
+    constexpr size_t half = 2 * sizeof(Acc);  // one row of a 2x2 block
+    typedef Acc vec __attribute__((vector_size(4 * sizeof(Acc))));
+    const auto* ap = reinterpret_cast<const typename T::PA*>(a_sliver);
+    const auto* bp = reinterpret_cast<const typename T::PB*>(b_sliver);
+
+    vec acc[MP][NP];
+#pragma GCC unroll 16
+    for (int r = 0; r < MP; ++r)
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) {
+            acc[r][q] = vec{};
+            if (accumulate) {
+                std::memcpy(&acc[r][q], c + 2 * r * ldc + 2 * q, half);
+                std::memcpy(reinterpret_cast<char*>(&acc[r][q]) + half, c + (2 * r + 1) * ldc + 2 * q, half);
+            }
+        }
+    const int groups = static_cast<int>(T::groups(kc));
+    for (int p = 0; p < groups; ++p) {
+        prefetch.next();
+        vec b[NP];
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) std::memcpy(&b[q], bp + q * 2 * KG, sizeof(vec));
+#pragma GCC unroll 16
+        for (int r = 0; r < MP; ++r) {
+            vec a;
+            std::memcpy(&a, ap + r * 2 * KG, sizeof(vec));
+#pragma GCC unroll 16
+            for (int q = 0; q < NP; ++q) acc[r][q] = T::Dot::step(acc[r][q], a, b[q]);
+        }
+        ap += T::MR * KG;
+        bp += T::NR * KG;
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MP; ++r)
+#pragma GCC unroll 16
+        for (int q = 0; q < NP; ++q) {
+            std::memcpy(c + 2 * r * ldc + 2 * q, &acc[r][q], half);
+            std::memcpy(c + (2 * r + 1) * ldc + 2 * q, reinterpret_cast<const char*>(&acc[r][q]) + half, half);
+        }
+}
+
+// MR x NR accumulators in registers over the k groups of one A and one B
+// sliver: each step multiplies one group of each row of A, broadcast, with
+// the NR / lanes vectors of B's groups (T::Dot's instruction). Written with
+// GCC vector extensions so -march picks the instructions where the policy
+// does not name them.
+template <class T>
+inline void group_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                               const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                               int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    using Acc = typename T::Acc;
+    using Dot = typename T::Dot;
     constexpr int VL = T::vec_bytes / sizeof(Acc);
     constexpr int NV = T::NR / VL;
-    constexpr int MR = T::MR;
+    constexpr int MR = T::MR, KG = T::KG;
     typedef Acc vec __attribute__((vector_size(T::vec_bytes)));
+    const auto* ap = reinterpret_cast<const typename T::PA*>(a_sliver);
+    const auto* bp = reinterpret_cast<const typename T::PB*>(b_sliver);
 
     vec acc[MR][NV];
 #pragma GCC unroll 32
@@ -560,19 +663,30 @@ inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
             else
                 acc[i][v] = vec{};
         }
-    for (int p = 0; p < kc; ++p) {
+    const int groups = static_cast<int>(T::groups(kc));
+    for (int p = 0; p < groups; ++p) {
         prefetch.next();
         vec b[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL, sizeof(vec));
+        for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL * KG, sizeof(vec));
 #pragma GCC unroll 32
         for (int i = 0; i < MR; ++i) {
-            const Acc a = ap[i];
+            const auto a = Dot::template group<vec>(ap + i * KG);
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
+            for (int v = 0; v < NV; ++v) acc[i][v] = Dot::step(acc[i][v], a, b[v]);
         }
-        ap += MR;
-        bp += T::NR;
+        ap += MR * KG;
+        bp += T::NR * KG;
+    }
+    if constexpr (Dot::row_offset_scale != 0) {
+        // The rows' offsets follow the sliver's groups; added modulo 2^32.
+        typedef uint32_t uvec __attribute__((vector_size(T::vec_bytes)));
+        int32_t offsets[MR];
+        std::memcpy(offsets, ap, sizeof offsets);
+#pragma GCC unroll 32
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) acc[i][v] = (vec)((uvec)acc[i][v] + uint32_t(offsets[i]));
     }
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
@@ -580,7 +694,52 @@ inline void micro_kernel(int kc, const typename T::Acc* __restrict ap,
         for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + v * VL, &acc[i][v], sizeof(vec));
 }
 
+// A tile instruction's micro-kernel (AMX): a 32x32 block in 2x2 tiles of
+// 16x16 accumulators; per chunk of KPAD k values, A's 32 rows (64 bytes of k
+// each, one tile row) times B's 32 columns (KPAD / KG rows of column groups,
+// 64 bytes per 16 columns). The policy holds the tiles (dot_ops.hpp).
+template <class T>
+inline void tile_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
+                              const unsigned char* __restrict b_sliver, typename T::Acc* __restrict c,
+                              int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    using D = typename T::Dot;
+    constexpr size_t a_row = T::KGA * sizeof(typename T::PA);          // 64 bytes
+    constexpr size_t b_row = T::NR * T::KG * sizeof(typename T::PB);   // 128 bytes
+    const size_t c_stride = size_t(ldc) * sizeof(typename T::Acc);
+    if (accumulate)
+        D::load_acc(c, c_stride);
+    else
+        D::zero_acc();
+    const int chunks = static_cast<int>(T::padded(kc) / T::KPAD);
+    for (int x = 0; x < chunks; ++x) {
+        prefetch.next();
+        D::multiply(a_sliver + x * T::MR * a_row, a_row, b_sliver + x * (T::KPAD / T::KG) * b_row, b_row);
+    }
+    D::store_acc(c, c_stride);
+}
+
+template <class T>
+inline void micro_kernel(int kc, const unsigned char* a_sliver, const unsigned char* b_sliver,
+                         typename T::Acc* c, int64_t ldc, bool accumulate, LinePrefetcher& prefetch) {
+    if constexpr (T::tiles)
+        tile_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
+    else if constexpr (T::pairs)
+        pair_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
+    else
+        group_micro_kernel<T>(kc, a_sliver, b_sliver, c, ldc, accumulate, prefetch);
+}
+
 // ------------------------------------------------------- block operations ----
+template <bool Tiles, class D>
+struct TileScope {};
+template <class D>
+struct TileScope<true, D> {
+    TileScope() { D::configure(); }
+    ~TileScope() { D::release(); }
+    TileScope(const TileScope&) = delete;
+    TileScope& operator=(const TileScope&) = delete;
+};
+
 // acc[MC x NC] (+)= A[i0:i0+mc, k0:k1] @ B[k0:k1, j0:j0+nc]; `accumulate` adds
 // to what acc holds instead of starting from zero.
 template <class T>
@@ -589,10 +748,13 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
     Buffers<T>& buf = Buffers<T>::local();
     const int m_slivers = (mc + T::MR - 1) / T::MR;
     const int n_slivers = (nc + T::NR - 1) / T::NR;
+    // A tile instruction's thread loads its tile configuration (another
+    // library may have loaded its own since) and releases the tiles after.
+    TileScope<T::tiles, typename T::Dot> tile_scope;
     for (int64_t kb = k0; kb < k1; kb += T::KC) {
         const int kc = static_cast<int>(std::min<int64_t>(T::KC, k1 - kb));
         pack_a<T>(P, i0, mc, kb, kc, buf.a_panel.get());
-        const typename T::Acc* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
+        const unsigned char* b_panel = buf.b_panel(P, j0, nc, kb, kc);  // kb: a KC multiple
         const bool add = accumulate || kb > k0;
         LinePrefetcher prefetch(P.after_a, P.after_b);
         if (const int64_t next = kb + T::KC; next < k1) {
@@ -604,8 +766,8 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
         }
         for (int sn = 0; sn < n_slivers; ++sn)
             for (int sm = 0; sm < m_slivers; ++sm)
-                micro_kernel<T>(kc, buf.a_panel.get() + size_t(sm) * kc * T::MR,
-                                b_panel + size_t(sn) * kc * T::NR,
+                micro_kernel<T>(kc, buf.a_panel.get() + sm * T::a_sliver_bytes(kc),
+                                b_panel + sn * T::b_sliver_bytes(kc),
                                 acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add,
                                 prefetch);
     }
