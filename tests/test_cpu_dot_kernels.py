@@ -26,7 +26,8 @@ import dispatcher
 from dispatcher import dtypes, targets
 from dispatcher.library import Library
 from dispatcher.plugins import get_manager
-from dispatcher.problem import _deepest_exact_k, prepare_gemm, prepare_grouped
+from dispatcher.kinds import prepare_gemm
+from dispatcher.problem import _deepest_exact_k, prepare_grouped
 from dispatcher.targets import cpu_isa
 from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
 
