@@ -118,7 +118,8 @@ class CpuTarget:
     def build_problem(self, config) -> str | None:
         """None if `config` can be compiled for its ISA (wherever that runs)."""
         o = config.target_params
-        micro = cpu_isa.get(o["isa"]).micro_tile_problem(o["micro_m"], o["micro_n"])
+        isa = cpu_isa.get(o["isa"])
+        micro = isa.micro_tile_problem(o["micro_m"], o["micro_n"])
         if micro:
             return micro
         if config.tile_m % o["micro_m"] or config.tile_n % o["micro_n"]:
@@ -261,8 +262,8 @@ class CpuTarget:
         return f"{cpu_count()} threads, ISA {spec.name} ({spec.isa.vector_bytes * 8}-bit vectors)"
 
 
-def micro_tile_for(isa: cpu_isa.Isa, tiles_m, tiles_n) -> tuple | None:
-    """The (micro_m, micro_n) of ISA `isa` that every block tile in `tiles_m`
+def micro_tile_for(isa, tiles_m, tiles_n) -> tuple | None:
+    """The (micro_m, micro_n) of ISA spec `isa` that every block tile in `tiles_m`
     x `tiles_n` is a whole multiple of, or None if no valid one is.
 
     One micro-tile must serve a whole sweep of block tiles, and the ISA's
