@@ -32,7 +32,7 @@ from importlib import metadata
 import numpy as np
 
 import dispatcher
-from common import RESULTS, environment, time_interleaved, warn_if_openblas_throttled, write
+from common import RESULTS, environment, pyplot, time_interleaved, warn_if_openblas_throttled, write
 from dispatcher import dtypes
 from dispatcher.targets import cpu_isa
 from dispatcher.timing import TimingOptions
@@ -118,12 +118,8 @@ def measure(size: int, activations, timing: TimingOptions, erf, rng) -> list:
 
 
 def plot(payload: dict):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot(RESULTS / "epilogue_cpu.png")
+    if plt is None:
         return
     rows = payload["rows"]
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.6), 4))
