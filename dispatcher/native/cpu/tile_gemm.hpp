@@ -167,12 +167,16 @@ struct Epilogue {
 };
 using PlainEpilogue = Epilogue<Bias::none, Activation::none>;
 
-// The activation of one value (x a float vector, vec_math.hpp) or of one
-// double (integer kernels, whose epilogue computes in double: libm).
+// The activation of one value: x a float vector (vec_math.hpp), one float
+// (through a vector of four: a template's own scalar epilogue) or one double
+// (integer kernels, whose epilogue computes in double: libm).
 template <Activation A, class S>
 static inline S activate(S x) {
     if constexpr (A == Activation::relu) return x < S{} ? S{} : x;  // NaN stays NaN
-    if constexpr (std::is_same_v<S, double>) {
+    if constexpr (std::is_same_v<S, float>) {
+        typedef float four __attribute__((vector_size(16)));
+        return activate<A>(four{x, x, x, x})[0];
+    } else if constexpr (std::is_same_v<S, double>) {
         if constexpr (A == Activation::gelu) return 0.5 * x * std::erfc(-x * 0.70710678118654752440);
         if constexpr (A == Activation::silu) return x / (1.0 + std::exp(-x));
     } else {
