@@ -28,6 +28,9 @@ from dispatcher.targets import cpu_isa
 from dispatcher.targets.cpu import Toolchain
 from dispatcher.targets.toolchain import NATIVE_DIR
 
+# Many kernels built per ISA: CI runs them after the fast suite (-m kernels).
+pytestmark = pytest.mark.kernels
+
 ISAS = [isa.name for isa in cpu_isa.supported()]
 FLT_MIN = float(np.finfo(np.float32).tiny)
 BOUND = 4 * 2.0**-23

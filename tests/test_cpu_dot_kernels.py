@@ -31,6 +31,9 @@ from dispatcher.problem import _deepest_exact_k, prepare_grouped
 from dispatcher.targets import cpu_isa
 from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
 
+# Many kernels built per ISA: CI runs them after the fast suite (-m kernels).
+pytestmark = pytest.mark.kernels
+
 CPU = targets.get("cpu")
 # tile_k 30: every K block of an int8 kernel ends in a partial k group of 4.
 TILE = dict(tile_m=24, tile_n=64, tile_k=30)
