@@ -2,8 +2,8 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx512-bf16] [--dtypes fp32,bf16,int8]
 
-Shapes: the public corpus's CPU shapes, an odd one (257x1031x2049) and
-skinny M (64 and 16 x 4096 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
+Shapes: the public corpus's CPU shapes (1024^3 and 2048^3 where it is not
+found), an odd one (257x1031x2049) and skinny M (64 and 16 x 4096 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
 default: this machine's best with all its extensions) a child process with
 a fresh build cache and no tuning database measures, per shape and dtype:
 
@@ -66,10 +66,19 @@ CONFIGS = [
 ]
 
 
+# Where the public corpus is not at hand (a device run without shared/).
+SQUARES = [(1024, 1024, 1024), (2048, 2048, 2048)]
+
+
 def shapes(text: str | None) -> list:
     if text:
         return [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
-    return [tuple(s) for s in load_shapes()["cpu"]["regular_fp32"]] + ODD + SKINNY
+    try:
+        corpus = [tuple(s) for s in load_shapes()["cpu"]["regular_fp32"]]
+    except SystemExit as missing:
+        print(f"{missing}: measuring {SQUARES} instead", file=sys.stderr)
+        corpus = SQUARES
+    return corpus + ODD + SKINNY
 
 
 def openblas_coretype(spec: str) -> str | None:
