@@ -3,12 +3,12 @@
 # Xeon has AMX-BF16, AMX-INT8, AVX512-FP16, AVX512-BF16, AVX512-VNNI and AVX-VNNI,
 # which the 2-core development machine lacks. One command from the repository root:
 #
-#   OUT=/some/dir bash benchmarks/cpu_isa_check.sh            # tests, then the benchmark
+#   OUT=/some/dir bash benchmarks/cpu_isa_check.sh            # tests, then the benchmark (OUT: a new temporary folder if unset)
 #   OUT=/some/dir bash benchmarks/cpu_isa_check.sh tests      # or one part: tests | bench
 #
 # tests: tests/test_cpu_dot_kernels.py and test_cpu_isa.py (every micro-kernel
 #   this machine runs, each with its own ISA spec, in every variant; those it
-#   cannot run skip with the reason), then the parity tests (-m parity: every
+#   cannot run skip with the reason) and the parity tests (-m parity: every
 #   variant x dtype x layout) under the default ISA spec and under every other
 #   DISPATCHER_CPU_ISA setting of this machine (`cpu_isa.parity_settings()`:
 #   each extension off, each other base ISA), all at once, one pytest per test
@@ -25,7 +25,12 @@
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=${OUT:-$ROOT/benchmarks/results}
+OUT=${OUT:-$(mktemp -d)}
+echo "results, logs and the build cache in $OUT"
+# Time limits of the parts (seconds; each pytest job, the benchmark): both
+# together expected to take about 7 minutes on a 16-core machine; raise them
+# on a smaller one, or run the parts as two commands.
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-290} BENCH_TIMEOUT=${BENCH_TIMEOUT:-400}
 mkdir -p "$OUT/isa_tests"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT:$ROOT/plugins${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "from dispatcher.plugins import get_manager; assert 'regular' in get_manager().variants()" 2>/dev/null; then
@@ -49,23 +54,21 @@ print("parity settings:", " ".join(cpu_isa.parity_settings()) or "(none)")
 EOF
 
 tests() {
-  # Many pytest processes at once: few OpenMP threads each, sleeping when idle.
+  # Many pytest processes at once, sharing one build cache: few OpenMP
+  # threads each, sleeping when idle.
   export DISPATCHER_TEST_CACHE_DIR=$OUT/isa_tests/cache OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive
-  local files settings code note pids=() names=() status=0
+  local files settings setting file name code note pids=() names=() status=0
   files=$(grep -l "mark.parity" tests/test_*.py)
   settings="default $(python3 -c 'from dispatcher.targets import cpu_isa; print(*cpu_isa.parity_settings())')"
-  # The micro-kernel tests first (they build the default spec's kernels the parity runs share).
-  env -u DISPATCHER_CPU_ISA timeout 540 python3 -m pytest -q -rs -p no:cacheprovider \
-    tests/test_cpu_dot_kernels.py tests/test_cpu_isa.py \
-    > "$OUT/isa_tests/micro_kernels.log" 2>&1 || status=1
-  echo "micro-kernels: $(tail -1 "$OUT/isa_tests/micro_kernels.log")"
-  grep SKIPPED "$OUT/isa_tests/micro_kernels.log" | sort | uniq -c | head -20
+  env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/test_cpu_dot_kernels.py tests/test_cpu_isa.py > "$OUT/isa_tests/micro_kernels.log" 2>&1 &
+  pids+=($!) names+=(micro_kernels)
   for setting in $settings; do
     for file in $files; do
       name=$setting.$(basename "$file" .py)
-      if [ "$setting" = default ]; then env -u DISPATCHER_CPU_ISA timeout 480 python3 -m pytest -q \
+      if [ "$setting" = default ]; then env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q \
           -m "parity and not gpu" -p no:cacheprovider "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
-      else DISPATCHER_CPU_ISA=$setting timeout 480 python3 -m pytest -q -m "parity and not gpu" \
+      else DISPATCHER_CPU_ISA=$setting timeout $TESTS_TIMEOUT python3 -m pytest -q -m "parity and not gpu" \
           -p no:cacheprovider "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
       fi
       pids+=($!) names+=("$name")
@@ -75,14 +78,15 @@ tests() {
     wait "${pids[$i]}"
     code=$?
     [ $code = 0 ] || status=1
-    [ $code = 124 ] && note="TIMED OUT after 480 s; last line: " || note=""
-    echo "parity ${names[$i]}: $note$(tail -1 "$OUT/isa_tests/${names[$i]}.log")"
+    [ $code = 124 ] && note="TIMED OUT after $TESTS_TIMEOUT s; last line: " || note=""
+    echo "${names[$i]}: $note$(tail -1 "$OUT/isa_tests/${names[$i]}.log")"
   done
+  grep -h SKIPPED "$OUT/isa_tests/micro_kernels.log" | sort | uniq -c | head -20
   return $status
 }
 
 bench() {
-  timeout 560 python3 benchmarks/cpu_gemm.py --out "$OUT/cpu_gemm" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/cpu_gemm.log" | tail -40
+  timeout $BENCH_TIMEOUT python3 benchmarks/cpu_gemm.py --out "$OUT/cpu_gemm" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/cpu_gemm.log" | tail -40
 }
 
 status=0

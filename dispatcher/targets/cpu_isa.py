@@ -278,10 +278,6 @@ class Spec:
             return None
         return self.isa.micro_tile_problem(micro_m, micro_n, bool(kernel and kernel.pairs))
 
-    def describe(self) -> str:
-        extras = ", ".join(f"{e.title}" for e in self.extensions)
-        return self.isa.description + (f"; with {extras}" if extras else "")
-
 
 def host_machine() -> str:
     machine = platform.machine().lower()
