@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dispatch, dtypes, kinds, plans, plugins, targets
+from . import dtypes, kinds, plans, plugins, targets
 from .dispatch import Dispatcher, autotune_default, default_dispatcher
 from .errors import ConfigError, ProblemError
 from .plugins import get_manager

@@ -462,8 +462,7 @@ def bind(layout: Layout, pointers: tuple, core: tuple, params: tuple) -> list:
     pointers: the address of each of `layout.names`' arrays (the result's
     for out); core: (alpha, beta, scale_a, scale_b); params: the variant's."""
     A, B, C, *given = layout.tensors
-    problem, dims = layout.problem, layout.outer_dims
-    (m, n, k), count = (problem.m, problem.n, problem.k), problem.batch
+    dims, count = layout.outer_dims, layout.problem.batch
     alpha, beta, scale_a, scale_b = core
     blocks = []
     for index in (layout.outer_indices() if dims else ((),)):

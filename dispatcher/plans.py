@@ -301,9 +301,9 @@ class Plan(_Launches):
         if isinstance(result, np.ndarray):
             result[...] = _stored(beta * result.astype(np.float64), result.dtype) if beta else 0
             return
-        (m, k), (_, n) = self.specs[0][1].shape[-2:], self.specs[1][1].shape[-2:]
         depth, stream = 16, self.options.get("stream", 0)
-        a, b = self.specs[0][1], self.specs[1][1]
+        specs = dict(self.specs)
+        a, b = specs[self.names["a"]], specs[self.names["b"]]
         zeros = {self.names["a"]: allocate(a.shape[:-1] + (depth,), a.dtype),
                  self.names["b"]: allocate(b.shape[:-2] + (depth, b.shape[-1]), b.dtype),
                  self.names["out"]: result}

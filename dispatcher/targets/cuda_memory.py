@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from .. import dtypes
-from ..errors import DtypeError, ProblemError, ToolchainError
+from ..errors import DtypeError, ProblemError
 from ..memory import View
 from .cuda_runtime import runtime
 
