@@ -152,6 +152,7 @@ class Plan(_Launches):
         self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
         self._staged = False  # the first call's operands were staged (the target's `aligned`)
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
+        self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
     def current(self) -> bool:
         """Whether the plan still binds what the default dispatcher's hook
@@ -181,7 +182,10 @@ class Plan(_Launches):
             result = np.empty(layout.result_shape, layout.result_dtype)
             pointer = data_pointer
         else:  # a torch tensor
-            result = first.new_empty(layout.result_shape, dtype=self._torch_dtype())
+            if self._result_torch_dtype is None:
+                from .targets.cuda_memory import torch_types
+                self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
+            result = first.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
             pointer = _tensor_pointer
         entry, template, library = self._direct
         args = GemmArgs.from_buffer_copy(template)
@@ -196,10 +200,6 @@ class Plan(_Launches):
         if status:
             library.check(status)
         return result
-
-    def _torch_dtype(self):
-        from .targets.cuda_memory import torch_types
-        return torch_types()[1][np.dtype(self.layout.result_dtype)]
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

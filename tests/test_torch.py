@@ -119,6 +119,43 @@ def test_autograd_matches_torch_gradients(dtype):
         assert rel(got.grad, f64(want.grad)) <= TOL[dtype] * 2
 
 
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """A pass-through dispatch mode that records the operators it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", ["eager", "operator"])
+def test_eager_calls_and_the_operator_agree(path, monkeypatch):
+    """An eager call on plain tensors runs the kernel function (or its
+    autograd.Function) without torch's dispatcher; under a dispatch mode
+    the same call is the operator, which the mode sees, with
+    register_autograd's formula. Both against the float64 reference, with
+    the same gradients."""
+    calls = []
+    monkeypatch.setattr(dt.ops._GEMM, "operator", lambda *args: calls.append(1) or
+                        torch.ops.gemm_dispatcher.gemm.default(*args))
+    a0, w0, c0 = matrix(33, 48, "fp32", "r", 1), matrix(20, 48, "fp32", "r", 2), matrix(33, 20, "fp32", "r", 3)
+    a, w, c = _leaves(a0, w0, c0)
+    g = matrix(33, 20, "fp32", "r", 4)
+    recorder = _Recorder()
+    with recorder if path == "operator" else torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x):
+        out = dt.gemm(a, w.t(), c=c, alpha=1.5, beta=0.25)
+    assert rel(out, ref(a0, w0.t(), c0, 1.5, 0.25)) <= TOL["fp32"]
+    assert (torch.ops.gemm_dispatcher.gemm.default in recorder.seen) == (path == "operator") == bool(calls)
+    out.backward(g)
+    a64, w64, c64 = _leaves(a0.double(), w0.double(), c0.double())
+    (1.5 * a64 @ w64.t() + 0.25 * c64).backward(g.double())
+    for got, want in ((a, a64), (w, w64), (c, c64)):
+        assert rel(got.grad, f64(want.grad)) <= TOL["fp32"] * 2
+
+
 def test_backward_reads_transposed_views_without_copies(monkeypatch):
     """Each backward GEMM reads the saved operands and the gradient in place."""
     a, w = _leaves(matrix(16, 32, "fp32", "r", 1), matrix(8, 32, "fp32", "r", 2))

@@ -30,6 +30,8 @@ import torch
 import dispatcher
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, ProblemError, UnsupportedProblem
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+
 from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
                                       out_dtype_of, output_dtype, readable, target_of, token)
 
@@ -43,17 +45,65 @@ _CONFIGS: dict = {}
 _LIBRARY = torch.library.Library("gemm_dispatcher", "DEF")
 
 
-def _operator(schema: str, kernel, fake, backward=None, setup_context=None):
-    """Define `gemm_dispatcher::<schema>` with its kernel on CPU and CUDA,
-    its fake (meta) kernel and, if given, its autograd formula."""
-    name = schema.split("(", 1)[0]
-    _LIBRARY.define(schema)
-    for key in ("CPU", "CUDA"):
-        _LIBRARY.impl(name, kernel, key)
-    torch.library.register_fake(f"gemm_dispatcher::{name}", fake, lib=_LIBRARY)
-    if backward is not None:
-        torch.library.register_autograd(f"gemm_dispatcher::{name}", backward, setup_context=setup_context,
-                                        lib=_LIBRARY)
+class _Operator:
+    """`gemm_dispatcher::<schema>`: its kernel on CPU and CUDA, its fake
+    (meta) kernel and, if given, its autograd formula, registered with
+    torch; calling it runs the operator.
+
+    An eager call on plain tensors skips torch's dispatcher: it runs the
+    kernel function itself, or, when a gradient is wanted, an
+    `autograd.Function` of the same kernel, setup and backward. Going
+    through the Python operator costs more than a small GEMM (the
+    dispatcher's Python kernel call and `register_autograd`'s wrapper:
+    about 25 us a call on a CPU, pytorch issues 139500, 177109), and it
+    adds nothing there. Everything that must see the operator takes it:
+    torch.compile's tracing, dispatch and function modes (FakeTensorMode,
+    FlopCounterMode, ...), torch.func transforms, meta tensors and tensor
+    subclasses.
+    """
+
+    def __init__(self, schema: str, kernel, fake, backward=None, setup_context=None, tensors: int = 3):
+        name = schema.split("(", 1)[0]
+        _LIBRARY.define(schema)
+        for key in ("CPU", "CUDA"):
+            _LIBRARY.impl(name, kernel, key)
+        torch.library.register_fake(f"gemm_dispatcher::{name}", fake, lib=_LIBRARY)
+        self.function = None
+        if backward is not None:
+            torch.library.register_autograd(f"gemm_dispatcher::{name}", backward, setup_context=setup_context,
+                                            lib=_LIBRARY)
+            def forward(ctx, *args):  # no `setup_context` method: apply would bind defaults via inspect (~50 us)
+                output = kernel(*args)
+                setup_context(ctx, args, output)
+                return output
+            self.function = type(f"{name}_function", (torch.autograd.Function,), {
+                "forward": staticmethod(forward), "backward": staticmethod(backward)})
+        self.kernel, self.tensors = kernel, tensors  # the leading `tensors` arguments are the tensors
+        self.operator = getattr(torch.ops.gemm_dispatcher, name).default
+
+    def __call__(self, *args):
+        tensors = args[:self.tensors]
+        if not _plain(tensors):
+            return self.operator(*args)
+        if self.function is not None and torch.is_grad_enabled() and \
+                any(t is not None and t.requires_grad for t in tensors):
+            return self.function.apply(*args)
+        return self.kernel(*args)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter adds no behaviour to a call
+_function_mode = torch._C._is_torch_function_mode_enabled
+_transform = torch._C._functorch.peek_interpreter_stack
+
+
+def _plain(tensors) -> bool:
+    """Whether an eager call on `tensors` may skip torch's dispatcher (see
+    `_Operator`): not traced, no mode or transform active, every tensor a
+    plain torch.Tensor on a CPU or CUDA device."""
+    if torch.compiler.is_compiling() or _dispatch_mode() is not None or _function_mode() or \
+            _transform() is not None:
+        return False
+    return all(t is None or (type(t) in _PLAIN and (t.is_cuda or t.is_cpu)) for t in tensors)
 
 
 def config_key(config) -> Optional[str]:
@@ -138,7 +188,7 @@ def _gemm_backward(ctx, grad):
     return grad_a, grad_b, grad_c, None, None, None, None, None, None
 
 
-_operator("gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=0.0, "
+_GEMM = _Operator("gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=0.0, "
           "ScalarType? out_dtype=None, str variant='regular', str? config=None, bool? autotune=None) -> Tensor",
           _gemm, _gemm_fake, _gemm_backward, _gemm_setup)
 
@@ -187,7 +237,7 @@ def _linear_backward(ctx, grad):
     return grad_x, grad_w, grad_b, None, None, None
 
 
-_operator("linear(Tensor x, Tensor weight, Tensor? bias=None, str variant='regular', str? config=None, "
+_LINEAR = _Operator("linear(Tensor x, Tensor weight, Tensor? bias=None, str variant='regular', str? config=None, "
           "bool? autotune=None) -> Tensor", _linear, _linear_fake, _linear_backward, _linear_setup)
 
 
@@ -197,7 +247,7 @@ def linear(x, weight, bias=None, *, variant="regular", config=None, autotune=Non
     differentiable and traceable. variant: one whose record declares a
     bias operand (regular); config, autotune: as for `gemm`."""
     x, weight, bias = autocast(x, weight, bias)
-    return torch.ops.gemm_dispatcher.linear(x, weight, bias, variant, config_key(config), autotune)
+    return _LINEAR(x, weight, bias, variant, config_key(config), autotune)
 
 
 def _operand(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -248,7 +298,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     floating inputs are cast to the autocast dtype first, as for torch.mm.
     """
     a, b, c = autocast(a, b, c)
-    return torch.ops.gemm_dispatcher.gemm(a, b, c, alpha, beta, out_dtype_of(out_dtype), variant,
+    return _GEMM(a, b, c, alpha, beta, out_dtype_of(out_dtype), variant,
                                           config_key(config), autotune)
 
 
@@ -313,7 +363,7 @@ def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
     return a.new_empty((g, n, k) if transposed else (g, k, n))
 
 
-_operator("grouped_mm_grad_b(Tensor a, Tensor grad, Tensor offsets, float alpha, bool transposed) -> Tensor",
+_GROUPED_MM_GRAD_B = _Operator("grouped_mm_grad_b(Tensor a, Tensor grad, Tensor offsets, float alpha, bool transposed) -> Tensor",
           _grouped_mm_grad_b, _grouped_mm_grad_b_fake)
 
 
@@ -333,13 +383,13 @@ def _grouped_mm_backward(ctx, grad):
                             autotune=ctx.autotune)
     if need_b:
         transposed = b.shape[0] > 0 and column_major(b[0])
-        grad_b = torch.ops.gemm_dispatcher.grouped_mm_grad_b(a, dc, offsets, ctx.alpha, transposed)
+        grad_b = _GROUPED_MM_GRAD_B(a, dc, offsets, ctx.alpha, transposed)
         if transposed:
             grad_b = grad_b.transpose(1, 2)
     return grad_a, grad_b, None, None, None, None, None
 
 
-_operator("grouped_mm(Tensor a, Tensor b, Tensor offsets, ScalarType? out_dtype=None, float alpha=1.0, "
+_GROUPED_MM = _Operator("grouped_mm(Tensor a, Tensor b, Tensor offsets, ScalarType? out_dtype=None, float alpha=1.0, "
           "str? config=None, bool? autotune=None) -> Tensor",
           _grouped_mm, _grouped_mm_fake, _grouped_mm_backward, _grouped_mm_setup)
 
@@ -354,5 +404,5 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotun
     offsets[-1] zero. config, autotune: as for `gemm` (dB, a list-form
     grouped GEMM, is not autotuned).
     """
-    return torch.ops.gemm_dispatcher.grouped_mm(a, b, offsets, out_dtype_of(out_dtype), alpha,
+    return _GROUPED_MM(a, b, offsets, out_dtype_of(out_dtype), alpha,
                                                 config_key(config), autotune)

@@ -19,6 +19,9 @@ from dispatcher.targets.cuda_memory import torch_types
 
 # Same-size integer types: numpy has them all, so torch can export their bytes.
 _BYTES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+# The dtypes numpy has itself: exported directly.
+_NATIVE = frozenset((torch.float32, torch.float16, torch.int8, torch.int32, torch.float64))
+_NUMPY_NATIVE = frozenset(np.dtype(d) for d in (np.float32, np.float16, np.int8, np.int32, np.float64))
 
 
 def token(dtype: torch.dtype) -> str:
@@ -77,6 +80,8 @@ def host_view(t: torch.Tensor | None) -> np.ndarray | None:
     """A numpy array over a CPU tensor's memory (same strides, no copy)."""
     if t is None:
         return None
+    if t.dtype in _NATIVE:
+        return t.detach().numpy()
     numpy_dtype = torch_types()[0].get(t.dtype, (None,))[0]
     if numpy_dtype is None:
         token(t.dtype)  # raises the DtypeError
@@ -115,6 +120,8 @@ def column_major(t: torch.Tensor) -> bool:
 def from_host(x: np.ndarray) -> torch.Tensor:
     """A CPU tensor over a numpy array's memory (no copy); bf16 and fp8
     arrays pass through a same-size integer view, as in `host_view`."""
+    if x.dtype in _NUMPY_NATIVE:
+        return torch.from_numpy(x)
     dtype = torch_types()[1][np.dtype(x.dtype)]
     return torch.from_numpy(x.view(f"i{x.itemsize}")).view(dtype)
 
