@@ -189,8 +189,8 @@ def _gemm_backward(ctx, grad):
 
 
 _GEMM = _Operator("gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1.0, float beta=0.0, "
-          "ScalarType? out_dtype=None, str variant='regular', str? config=None, bool? autotune=None) -> Tensor",
-          _gemm, _gemm_fake, _gemm_backward, _gemm_setup)
+                  "ScalarType? out_dtype=None, str variant='regular', str? config=None, bool? autotune=None) "
+                  "-> Tensor", _gemm, _gemm_fake, _gemm_backward, _gemm_setup)
 
 
 # ---------------------------------------------------------------- linear
@@ -237,8 +237,9 @@ def _linear_backward(ctx, grad):
     return grad_x, grad_w, grad_b, None, None, None
 
 
-_LINEAR = _Operator("linear(Tensor x, Tensor weight, Tensor? bias=None, str variant='regular', str? config=None, "
-          "bool? autotune=None) -> Tensor", _linear, _linear_fake, _linear_backward, _linear_setup)
+_LINEAR = _Operator("linear(Tensor x, Tensor weight, Tensor? bias=None, str variant='regular', "
+                    "str? config=None, bool? autotune=None) -> Tensor",
+                    _linear, _linear_fake, _linear_backward, _linear_setup)
 
 
 def linear(x, weight, bias=None, *, variant="regular", config=None, autotune=None):
@@ -363,8 +364,9 @@ def _grouped_mm_grad_b_fake(a, grad, offsets, alpha, transposed):
     return a.new_empty((g, n, k) if transposed else (g, k, n))
 
 
-_GROUPED_MM_GRAD_B = _Operator("grouped_mm_grad_b(Tensor a, Tensor grad, Tensor offsets, float alpha, bool transposed) -> Tensor",
-          _grouped_mm_grad_b, _grouped_mm_grad_b_fake)
+_GROUPED_MM_GRAD_B = _Operator(
+    "grouped_mm_grad_b(Tensor a, Tensor grad, Tensor offsets, float alpha, bool transposed) -> Tensor",
+    _grouped_mm_grad_b, _grouped_mm_grad_b_fake)
 
 
 def _grouped_mm_setup(ctx, inputs, output):
@@ -389,9 +391,10 @@ def _grouped_mm_backward(ctx, grad):
     return grad_a, grad_b, None, None, None, None, None
 
 
-_GROUPED_MM = _Operator("grouped_mm(Tensor a, Tensor b, Tensor offsets, ScalarType? out_dtype=None, float alpha=1.0, "
-          "str? config=None, bool? autotune=None) -> Tensor",
-          _grouped_mm, _grouped_mm_fake, _grouped_mm_backward, _grouped_mm_setup)
+_GROUPED_MM = _Operator(
+    "grouped_mm(Tensor a, Tensor b, Tensor offsets, ScalarType? out_dtype=None, float alpha=1.0, "
+    "str? config=None, bool? autotune=None) -> Tensor",
+    _grouped_mm, _grouped_mm_fake, _grouped_mm_backward, _grouped_mm_setup)
 
 
 def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, config=None, autotune=None):
