@@ -166,9 +166,10 @@ def _direct_key(record, arrays: dict, params: dict, choices: dict, out_dtype, st
                 return None  # another kind of array: the general path says what is wrong
         where = None
     elif kind.__module__.startswith("torch") and getattr(first, "is_cuda", False):
+        plain = _plain_tensor_types()
         device = first.get_device()
         for name, x in arrays.items():
-            if type(x) is kind and x.is_cuda and x.get_device() == device:
+            if type(x) in plain and x.is_cuda and x.get_device() == device:
                 parts.append((name, x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
             elif x is not None:
                 return None  # mixed kinds or devices: the general path says what is wrong
@@ -180,6 +181,16 @@ def _direct_key(record, arrays: dict, params: dict, choices: dict, out_dtype, st
 
 
 _RUNTIME = []  # the torch runtime, once asked for
+_PLAIN_TENSORS = []  # torch.Tensor and torch.nn.Parameter, once a tensor is seen
+
+
+def _plain_tensor_types() -> tuple:
+    """The torch types `_direct_key` takes: tensors and Parameters (an
+    nn.Linear's bias), not subclasses that change what a call means."""
+    if not _PLAIN_TENSORS:
+        import torch
+        _PLAIN_TENSORS.append((torch.Tensor, torch.nn.Parameter))
+    return _PLAIN_TENSORS[0]
 
 
 def _torch_stream(device: int) -> int:

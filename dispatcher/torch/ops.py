@@ -29,7 +29,7 @@ import torch
 
 import dispatcher
 from dispatcher.config import KernelConfig
-from dispatcher.errors import ConfigError, ProblemError, UnsupportedProblem
+from dispatcher.errors import ConfigError, DispatcherError, ProblemError, UnsupportedProblem
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
 from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
@@ -139,18 +139,32 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor):
         raise ProblemError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
 
 
+def _in_torch_words(left: torch.Tensor, right: torch.Tensor, **named):
+    """Called when the dispatcher refused a call: raise torch's words for
+    what is wrong (`left @ right` of 2-D tensors that multiply, `named`
+    operands with readable strides: "pass x.contiguous()") where they
+    apply. An accepted call is checked once, by its plan, not here too."""
+    _check_shapes(left, right)
+    for name, t in named.items():
+        check_readable(name, t)
+
+
 # ------------------------------------------------------------------ gemm
 def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
           beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
           config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
-    _check_shapes(a, b)
-    check_readable("a", a)
-    check_readable("b", b)
     target = target_of(a, b, c)
     if c is None and out_dtype is None and config is None:  # the plain call: dispatcher.gemm's fastest path
-        return from_target(dispatcher.gemm(for_target(a, target), for_target(b, target), alpha=alpha,
-                                           variant=variant, autotune=autotune))
+        try:
+            return from_target(dispatcher.gemm(for_target(a, target), for_target(b, target), alpha=alpha,
+                                               variant=variant, autotune=autotune))
+        except DispatcherError:
+            _in_torch_words(a, b, a=a, b=b)
+            raise
+    _check_shapes(a, b)  # before the output's allocation
+    check_readable("a", a)
+    check_readable("b", b)
     out = a.new_empty((a.shape[0], b.shape[1]), dtype=output_dtype(a, out_dtype))
     dispatcher.gemm(for_target(a, target), for_target(b, target), c=for_target(c, target),
                     alpha=alpha, beta=beta, out=for_target(out, target), variant=variant,
@@ -199,18 +213,20 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
             autotune: Optional[bool] = None) -> torch.Tensor:
     """x @ weight^T + bias in one kernel: the bias is the GEMM's fused
     epilogue (one value per output column), as cuBLAS's addmm fuses it."""
-    _check_shapes(x, weight.t())
-    check_readable("x", x)
-    check_readable("weight", weight)
     target = target_of(x, weight, bias)
-    bias = None if bias is None else bias.to(x.dtype)
-    a, b = for_target(x, target), for_target(weight.t(), target)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    transposed = weight.t()
+    a, b = for_target(x, target), for_target(transposed, target)
     try:
         return from_target(dispatcher.run(variant, a=a, b=b, bias=for_target(bias, target),
                                           config=_config(config), autotune=autotune))
     except UnsupportedProblem:  # no fused kernel reads these operands in place (cuda: misaligned ones)
         y = from_target(dispatcher.gemm(a, b, variant=variant, autotune=autotune))
         return y if bias is None else y.add_(bias)
+    except DispatcherError:
+        _in_torch_words(x, transposed, x=x, weight=weight)
+        raise
 
 
 def _linear_fake(x, weight, bias=None, variant="regular", config=None, autotune=None):
