@@ -1,6 +1,7 @@
 """cProfile of the per-call path on 256^3 bf16 CUDA tensors: `dispatcher.gemm`,
-a held `dispatcher.plan` and `dispatcher.torch.gemm`, 2000 calls each after
-a warm-up (see call_overhead.py for the timings themselves)."""
+a held `dispatcher.plan`, `dispatcher.torch.gemm` and a `dispatcher.torch.Linear`
+forward, 2000 calls each after a warm-up (see call_overhead.py for the
+timings themselves)."""
 
 import cProfile
 import pstats
@@ -13,12 +14,13 @@ import dispatcher.torch as dt
 a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
 held = dispatcher.plan("regular", a=a, b=b)
+linear = dt.Linear(256, 256, device="cuda", dtype=torch.bfloat16)
 for name, fn in (("dispatcher.gemm", lambda: dispatcher.gemm(a, b)), ("held plan", lambda: held(a, b)),
-                 ("dispatcher.torch.gemm", lambda: dt.gemm(a, b))):
+                 ("dispatcher.torch.gemm", lambda: dt.gemm(a, b)), ("dispatcher.torch.Linear", lambda: linear(a))):
     fn()  # build, load and select outside the profile
     torch.cuda.synchronize()
     profile = cProfile.Profile()
     profile.runcall(lambda: [fn() for _ in range(2000)])
     torch.cuda.synchronize()
     print(f"==== {name}")
-    pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(16)
