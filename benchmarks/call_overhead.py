@@ -10,7 +10,8 @@ Parts (`--only`):
                dispatcher.matmul, a held dispatcher.plan
   cpu_coexist  fp32 1024^3 and 2048^3: numpy and dispatcher.gemm each alone
                (its own process) and alternating call by call in one process,
-               as user code mixes them; ratio alternating / alone per library
+               as user code mixes them; ratio alternating / alone per library,
+               with OpenBLAS's default worker spin and with a short one
   gpu_call     (a CUDA GPU and torch): bf16 256^3 torch.matmul against
                dispatcher.gemm, a held plan and dispatcher.torch.gemm;
                dispatcher.torch.Linear against nn.Linear, forward and
@@ -90,32 +91,46 @@ def _one_library(which: str, n: int, calls: int, repeat: int) -> float:
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
+# OpenBLAS's workers spin (sched_yield) for 2^OPENBLAS_THREAD_TIMEOUT cycles
+# after a call (2^28 by default, about 0.1 s), on the cores our next kernel
+# wants; the variable, read when OpenBLAS loads, shortens that (4..30).
+OPENBLAS_SETTINGS = {"OpenBLAS default": {}, "OPENBLAS_THREAD_TIMEOUT=4": {"OPENBLAS_THREAD_TIMEOUT": "4"}}
+
+
 def cpu_coexist(args) -> dict:
     rows = []
-    for n in (1024, 2048):
-        calls = 5 if n == 1024 else 2
-        found = {}
-        for which in ("numpy", "dispatcher", "both"):  # each in a process of its own
-            code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                    f"import call_overhead as c; print(json.dumps(c._one_library({which!r}, {n}, {calls}, "
-                    f"{args.repeat})))")
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-            if done.returncode:
-                raise SystemExit(done.stderr)
-            found[which] = json.loads(done.stdout.strip().splitlines()[-1])
-        flops = 2.0 * n ** 3
-        row = {"n": n,
-               "alone_gflops": {k: flops / found[k][k] / 1e9 for k in ("numpy", "dispatcher")},
-               "alternating_gflops": {k: flops / v / 1e9 for k, v in found["both"].items()}}
-        row["alternating_over_alone"] = {k: row["alternating_gflops"][k] / row["alone_gflops"][k]
-                                         for k in ("numpy", "dispatcher")}
-        row["dispatcher_over_numpy_alone"] = row["alone_gflops"]["dispatcher"] / row["alone_gflops"]["numpy"]
-        print(f"cpu fp32 {n}^3: alone numpy {row['alone_gflops']['numpy']:.0f} / dispatcher "
-              f"{row['alone_gflops']['dispatcher']:.0f} GFLOP/s; alternating keeps "
-              f"{row['alternating_over_alone']['numpy']:.2f} / {row['alternating_over_alone']['dispatcher']:.2f}")
-        rows.append(row)
+    for setting, variables in OPENBLAS_SETTINGS.items():
+        for n in (1024, 2048):
+            rows.append(_coexisting(n, setting, {**os.environ, **variables}, args.repeat))
     return {"rows": rows, "environment_threads": {k: os.environ.get(k) for k in
                                                   ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}}
+
+
+def _coexisting(n: int, setting: str, environment: dict, repeat: int) -> dict:
+    """numpy and dispatcher.gemm at n^3, each alone (a process of its own)
+    and alternating call by call in one process."""
+    calls = 5 if n == 1024 else 2
+    found = {}
+    for which in ("numpy", "dispatcher", "both"):
+        code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                f"import call_overhead as c; print(json.dumps(c._one_library({which!r}, {n}, {calls}, "
+                f"{repeat})))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                              env=environment)
+        if done.returncode:
+            raise SystemExit(done.stderr)
+        found[which] = json.loads(done.stdout.strip().splitlines()[-1])
+    flops = 2.0 * n ** 3
+    row = {"n": n, "openblas": setting,
+           "alone_gflops": {k: flops / found[k][k] / 1e9 for k in ("numpy", "dispatcher")},
+           "alternating_gflops": {k: flops / v / 1e9 for k, v in found["both"].items()}}
+    row["alternating_over_alone"] = {k: row["alternating_gflops"][k] / row["alone_gflops"][k]
+                                     for k in ("numpy", "dispatcher")}
+    row["dispatcher_over_numpy_alone"] = row["alone_gflops"]["dispatcher"] / row["alone_gflops"]["numpy"]
+    print(f"cpu fp32 {n}^3 ({setting}): alone numpy {row['alone_gflops']['numpy']:.0f} / dispatcher "
+          f"{row['alone_gflops']['dispatcher']:.0f} GFLOP/s; alternating keeps "
+          f"{row['alternating_over_alone']['numpy']:.2f} / {row['alternating_over_alone']['dispatcher']:.2f}")
+    return row
 
 
 def gpu_call(args) -> dict:
@@ -183,7 +198,8 @@ def plot(results: dict, path: Path):
     if "cpu_call" in results:
         bars += [(f"cpu 16^3 {k}", v) for k, v in results["cpu_call"]["ratio_to_numpy"].items() if k != "numpy"]
     for row in results.get("cpu_coexist", {}).get("rows", []):
-        bars += [(f"cpu {row['n']}^3 {k} alternating/alone", v) for k, v in row["alternating_over_alone"].items()]
+        bars += [(f"cpu {row['n']}^3 {k} alternating/alone ({row.get('openblas', 'OpenBLAS default')})", v)
+                 for k, v in row["alternating_over_alone"].items()]
     for name, row in results.get("gpu_call", {}).items():
         if isinstance(row, dict):
             bars += [(f"{name} {k[:-6]}", v) for k, v in row.items() if k.endswith("_ratio")]
