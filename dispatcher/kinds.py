@@ -274,17 +274,41 @@ def split_call(record, kwargs: dict) -> tuple:
     """(operands, params, choices) of a `run` call's keywords: the variant's
     declared operands, its scalar parameters (and the core's alpha, beta
     and scales), and values of its variant block."""
-    names = {o.name for o in operands_of(record)}
-    params = {p.name for p in record.params} | set(CORE_PARAMS)
-    choices = {o.name for o in record.options} - names  # an operand implies its own option
-    unknown = sorted(set(kwargs) - names - params - choices)
-    if unknown:
-        raise ProblemError(
-            f"variant {record.name!r} takes no argument(s) {', '.join(map(repr, unknown))}; it takes "
-            f"operands {', '.join(o.name for o in operands_of(record))}; parameters "
-            f"{', '.join(sorted(params))}; options {', '.join(sorted(choices)) or '(none)'}")
-    pick = lambda keys: {k: v for k, v in kwargs.items() if k in keys}
-    return pick(names), pick(params), pick(choices)
+    kinds_of = _argument_kinds(record)
+    parts = ({}, {}, {})
+    for key, value in kwargs.items():
+        kind = kinds_of.get(key)
+        if kind is None:
+            _unknown_arguments(record, kwargs, kinds_of)
+        parts[kind][key] = value
+    return parts
+
+
+_ARGUMENT_KINDS: dict = {}  # id(record) -> (record, {argument name: 0 operand, 1 parameter, 2 choice})
+
+
+def _argument_kinds(record) -> dict:
+    """Each keyword a `run` of `record` takes, by what it is (worked out
+    once per record)."""
+    found = _ARGUMENT_KINDS.get(id(record))
+    if found is None or found[0] is not record:
+        names = {o.name for o in operands_of(record)}
+        kinds_of = {name: 2 for name in {o.name for o in record.options} - names}  # an operand implies its option
+        kinds_of.update({p.name: 1 for p in record.params})
+        kinds_of.update({name: 1 for name in CORE_PARAMS})
+        kinds_of.update({name: 0 for name in names})
+        found = _ARGUMENT_KINDS[id(record)] = (record, kinds_of)
+    return found[1]
+
+
+def _unknown_arguments(record, kwargs: dict, kinds_of: dict):
+    unknown = sorted(set(kwargs) - set(kinds_of))
+    params = sorted(name for name, kind in kinds_of.items() if kind == 1)
+    choices = sorted(name for name, kind in kinds_of.items() if kind == 2)
+    raise ProblemError(
+        f"variant {record.name!r} takes no argument(s) {', '.join(map(repr, unknown))}; it takes "
+        f"operands {', '.join(o.name for o in operands_of(record))}; parameters "
+        f"{', '.join(params)}; options {', '.join(choices) or '(none)'}")
 
 
 _ALPHA_BETA = frozenset(("alpha", "beta"))

@@ -255,21 +255,25 @@ def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
     return args
 
 
-def fill_gemm_args(args: GemmArgs, pointers: tuple, core: tuple, params: tuple):
-    """`args` (a copy of a plan's argument block) pointed at one call's
-    arrays: A, B, C, then the extra operands, whose strides it keeps; core:
-    (alpha, beta, scale_a, scale_b); params: the variant's parameters."""
+def bound_gemm_args(template: GemmArgs, pointers: tuple, core: tuple, params: tuple) -> GemmArgs:
+    """A copy of a plan's argument block `template` (`gemm_args`) pointed at
+    one call's arrays: A, B, C, then the extra operands, whose strides it
+    keeps; core: (alpha, beta, scale_a, scale_b); params: the variant's
+    parameters. The template is shared by every call, so the copy gets
+    arrays of its own for the extra operands and parameters."""
+    args = GemmArgs.from_buffer_copy(template)
     args.a, args.b, args.c = pointers[0], pointers[1], pointers[2]
     args.alpha, args.beta, args.scale_a, args.scale_b = core
-    if len(pointers) > 3:  # a fresh array: the template's is shared by every call
-        extra = (OperandArg * (len(pointers) - 3))()
-        for i, ptr in enumerate(pointers[3:]):
-            kept = args.extra[i]
-            extra[i] = OperandArg(ptr, kept.row_stride, kept.col_stride, kept.batch_stride)
+    if len(pointers) > 3:
+        kept = template._extra
+        extra = type(kept).from_buffer_copy(kept)
+        for i in range(len(pointers) - 3):
+            extra[i].data = pointers[3 + i]
         args._extra, args.extra = extra, extra
     if params:
         args._params = (ctypes.c_double * len(params))(*params)
         args.params = args._params
+    return args
 
 
 def grouped_mm_args(operands, stream: int = 0) -> GroupedMmArgs:

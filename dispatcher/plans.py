@@ -26,7 +26,7 @@ import numpy as np
 
 from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
-from .library import GemmArgs, data_pointer, fill_gemm_args, gemm_args
+from .library import bound_gemm_args, data_pointer, gemm_args
 from .problem import ArraySpec, _integer_output_scalars
 
 
@@ -188,14 +188,8 @@ class Plan(_Launches):
             result = first.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
             pointer = _tensor_pointer
         entry, template, library = self._direct
-        args = GemmArgs.from_buffer_copy(template)
-        slots = self._slots
-        if len(slots) == 3 and not values:  # a, b and the result: set in place
-            args.a, args.b, args.c = [pointer(result if name is None else arrays[name]) for name in slots]
-            args.alpha, args.beta, args.scale_a, args.scale_b = core
-        else:
-            fill_gemm_args(args, tuple([pointer(result if name is None else arrays[name]) for name in slots]),
-                           core, values)
+        args = bound_gemm_args(template, [pointer(result if name is None else arrays[name]) for name in self._slots],
+                               core, values)
         status = entry(args)
         if status:
             library.check(status)
@@ -256,9 +250,7 @@ class Plan(_Launches):
         direct = self._direct
         if direct is not None and self.generation == self.dispatcher.manager.generation:
             entry, template, library = direct
-            args = GemmArgs.from_buffer_copy(template)
-            fill_gemm_args(args, self._pointers(arrays, result), core, params)
-            library.check(entry(args))
+            library.check(entry(bound_gemm_args(template, self._pointers(arrays, result), core, params)))
             return
         blocks = kinds.bind(self.layout, self._pointers(arrays, result), core, params)
         write_back = None
