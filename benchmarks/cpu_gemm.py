@@ -106,7 +106,8 @@ class Problem:
         self.m, self.n, self.k, self.dtype, self.d = m, n, k, dtype, d
         rng = np.random.default_rng(0)
         self.a, self.b = random_matrix(m, k, dtype, "r", rng), random_matrix(k, n, dtype, "r", rng)
-        self.problem, self.operands, _ = prepare_gemm(self.a, self.b, variant="regular", target="cpu")
+        # out too: the operands point at it, and every launch writes it
+        self.problem, self.operands, self.out = prepare_gemm(self.a, self.b, variant="regular", target="cpu")
         self.default = d.select(self.problem)
 
     def ours(self, config=None):
@@ -184,9 +185,12 @@ def measure(libraries: list, sizes: list, dtypes: list, repeat: int, best: bool)
     return rows
 
 
-def run_child(spec: str, libraries: list, args) -> dict:
+def run_child(spec: str, libraries: list, args, dtypes: list | None = None) -> dict:
     """`measure` in a new process for ISA spec `spec` (OpenBLAS reads its
-    core type at load, and a library alone must be alone in its process)."""
+    core type at load, and a library alone must be alone in its process).
+    A child that dies (a crash in one library: the Xeon's first run lost
+    every row to one abort) is run again per dtype, so the others are
+    measured; what still fails is in "failed" ({dtype: why})."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     env.update({cpu_isa.ENV: spec, "DISPATCHER_CACHE_DIR": args.cache})
     if openblas_coretype(spec):
@@ -195,33 +199,57 @@ def run_child(spec: str, libraries: list, args) -> dict:
         out = Path(tmp) / "rows.json"
         command = [sys.executable, __file__, "--child", str(out), "--libraries", ",".join(libraries),
                    "--shapes", ",".join("x".join(map(str, s)) for s in args.sizes),
-                   "--dtypes", ",".join(args.dtype_list), "--repeat", str(args.repeat)]
-        subprocess.run(command + (["--best"] if args.best and "ours" in libraries else []), env=env, check=True)
-        return json.loads(out.read_text())
+                   "--dtypes", ",".join(dtypes or args.dtype_list), "--repeat", str(args.repeat)]
+        done = subprocess.run(command + (["--best"] if args.best and "ours" in libraries else []), env=env)
+        if done.returncode == 0:
+            return {**json.loads(out.read_text()), "failed": {}}
+    why = f"{','.join(libraries)} child exited with {done.returncode}"
+    print(f"  {why} ({','.join(dtypes or args.dtype_list)})", file=sys.stderr, flush=True)
+    if dtypes is not None and len(dtypes) == 1:
+        return {"rows": {}, "environment": None, "failed": {dtypes[0]: why}}
+    merged = {"rows": {}, "environment": None, "failed": {}}
+    for dtype in dtypes or args.dtype_list:
+        one = run_child(spec, libraries, args, [dtype])
+        merged["rows"].update(one["rows"])
+        merged["failed"].update(one["failed"])
+        merged["environment"] = merged["environment"] or one["environment"]
+    return merged
 
 
 MODES = ("alone", "alternating")
 
 
 def rows_for(spec: str, args) -> tuple:
-    """(rows, environment) of one spec: every library alone, then all alternating."""
-    alone = {lib: run_child(spec, [lib], args)["rows"] for lib in LIBRARIES}
+    """(rows, environment, failed) of one spec: every library alone, then
+    all alternating; failed: {"<libraries> <dtype>": why} of dead children."""
+    children = {lib: run_child(spec, [lib], args) for lib in LIBRARIES}
     together = run_child(spec, list(LIBRARIES), args)
+    alone = {lib: child["rows"] for lib, child in children.items()}
+    failed = {f"{name} {dtype}": why for name, child in [*children.items(), ("alternating", together)]
+              for dtype, why in child["failed"].items()}
+    keys = list(dict.fromkeys([*together["rows"], *(key for rows in alone.values() for key in rows)]))
     rows = []
-    for key, measured in together["rows"].items():
+    for key in keys:
+        measured = together["rows"].get(key, {})
         (m, n, k), dtype = map(int, key.split()[0].split("x")), key.split()[1]
-        row = {"dtype": dtype, "M": m, "N": n, "K": k, **{f: v for f, v in measured.items() if "kernel" in f},
+        kernel = measured or alone["ours"].get(key, {})
+        row = {"dtype": dtype, "M": m, "N": n, "K": k, **{f: v for f, v in kernel.items() if "kernel" in f},
                "alone": {lib: alone[lib][key][lib] for lib in LIBRARIES if lib in alone[lib].get(key, {})},
                "alternating": {lib: v for lib, v in measured.items() if "kernel" not in lib}}
+        fp32 = {"alternating": together["rows"].get(f"{m}x{n}x{k} fp32", {}).get("ours"),
+                "alone": alone["ours"].get(f"{m}x{n}x{k} fp32", {}).get("ours")}
         for mode in MODES:
+            if "ours" not in row[mode]:
+                continue
             for base in baselines(dtype):
-                row[f"{mode}_vs_{base}"] = round(row[mode]["ours"] / row[mode][base], 3)
-            fp32 = together["rows"].get(f"{m}x{n}x{k} fp32")
-            if dtype != "fp32" and fp32:
-                ours_fp32 = fp32["ours"] if mode == "alternating" else alone["ours"][f"{m}x{n}x{k} fp32"]["ours"]
-                row[f"{mode}_vs_our_fp32"] = round(row[mode]["ours"] / ours_fp32, 3)
+                if base in row[mode]:
+                    row[f"{mode}_vs_{base}"] = round(row[mode]["ours"] / row[mode][base], 3)
+            if dtype != "fp32" and fp32[mode]:
+                row[f"{mode}_vs_our_fp32"] = round(row[mode]["ours"] / fp32[mode], 3)
         rows.append(row)
-    return rows, together["environment"]
+    environment = together["environment"] or next((c["environment"] for c in children.values()
+                                                    if c["environment"]), None)
+    return rows, environment, failed
 
 
 def summarize(rows: list) -> dict:
@@ -253,7 +281,7 @@ def plot(results: list, path: Path) -> None:
         ax.set_xticks(x, [f"{label} / {base}" for label, base, _ in bars], rotation=60, ha="right", fontsize=6)
         ax.set_ylabel("ours / baseline (GOP/s)")
         ax.set_title(f"ISA {res['isa']}, default selection, alternating in one process", fontsize=9)
-    env = results[0]["environment"]
+    env = results[0]["environment"] or {"cpu": "?", "cpus": "?"}
     fig.suptitle(f"{env['cpu']}, {env['cpus']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -281,8 +309,9 @@ def main():
     results = []
     for spec in specs:
         with tempfile.TemporaryDirectory(prefix="cpu_gemm_cache_") as args.cache:  # nothing pre-built
-            rows, env = rows_for(spec, args)
-        results.append({"isa": spec, "environment": env, "summary": summarize(rows), "rows": rows})
+            rows, env, failed = rows_for(spec, args)
+        results.append({"isa": spec, "environment": env, "summary": summarize(rows), "rows": rows,
+                        **({"failed": failed} if failed else {})})
     payload = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
                "timing": {"warmup": 2, "repeat": args.repeat, "statistic": "median"},
                "load_average": {"before": load_before, "after": os.getloadavg()},
@@ -290,11 +319,15 @@ def main():
     path = write(args.out, payload)
     for res in results:
         print(res["isa"], json.dumps(res["summary"], indent=1))
+        for what, why in res.get("failed", {}).items():
+            print(f"{res['isa']} FAILED: {what}: {why}")
     try:
         plot(results, path.with_suffix(".png"))
         print(f"wrote {path} and {path.with_suffix('.png').name}")
     except ImportError:
         print(f"wrote {path} (no plot: matplotlib is not installed)")
+    if any(res.get("failed") for res in results):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

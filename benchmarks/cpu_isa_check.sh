@@ -18,7 +18,9 @@
 #   numpy (OpenBLAS) and torch (oneDNN; torch._int_mm), each library alone in
 #   its process and alternating in one: $OUT/cpu_gemm.json (and .png where
 #   matplotlib imports). BENCH_ARGS adds arguments (e.g. "--isas
-#   avx512,avx512-bf16-vnni-amxbf16-amxint8" to measure extensions off too).
+#   avx512,avx512-bf16-vnni-amxbf16-amxint8" to measure extensions off too,
+#   "--shapes 1024x1024x1024,64x4096x4096" for other shapes; GEMM_SHAPES is
+#   the path of a shape corpus, not a list).
 #
 # Runs from the source tree as it is (no install needed): the variants'
 # entry points are declared to Python from a dist-info written under $OUT.
@@ -49,6 +51,7 @@ import os
 from dispatcher.targets import cpu_isa
 print("cpu:", next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"))
 print("cores:", len(os.sched_getaffinity(0)), "load average:", os.getloadavg())
+print("kernel:", " ".join(os.uname()[2:4]))  # gVisor reports 4.4.0; a Firecracker VM its own
 print("default ISA spec:", cpu_isa.active().name, "| runs:", ", ".join(cpu_isa.runnable_specs()))
 print("parity settings:", " ".join(cpu_isa.parity_settings()) or "(none)")
 EOF
@@ -60,8 +63,12 @@ tests() {
   local files settings setting file name code note pids=() names=() status=0
   files=$(grep -l "mark.parity" tests/test_*.py)
   settings="default $(python3 -c 'from dispatcher.targets import cpu_isa; print(*cpu_isa.parity_settings())')"
-  env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q -rs -p no:cacheprovider \
-    tests/test_cpu_dot_kernels.py tests/test_cpu_isa.py > "$OUT/isa_tests/micro_kernels.log" 2>&1 &
+  # -m "not gpu": the micro-kernel tests are marked `kernels`, which the
+  # default addopts deselect (without it none of them ran: "51 deselected");
+  # four xdist workers where pytest-xdist is installed (many builds).
+  python3 -c "import xdist" 2>/dev/null && xdist="-n 4" || xdist=""
+  env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q -rs -p no:cacheprovider -m "not gpu" \
+    $xdist tests/test_cpu_dot_kernels.py tests/test_cpu_isa.py > "$OUT/isa_tests/micro_kernels.log" 2>&1 &
   pids+=($!) names+=(micro_kernels)
   for setting in $settings; do
     for file in $files; do

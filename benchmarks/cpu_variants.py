@@ -61,10 +61,10 @@ def best(d, variant, configs, shape, timing):
 
 def launcher(d, variant, config, a, b):
     """A callable that launches `config` on prepared operands (no Python-side preparation)."""
-    problem, operands, _ = prepare_gemm(a, b, variant=variant)
+    problem, operands, out = prepare_gemm(a, b, variant=variant)
     problem, chosen = d.run_or_fall_back(problem, operands, config, strict=True)
     library = d.library(chosen)
-    return lambda: d.launch(library, problem, operands)
+    return lambda: out is not None and d.launch(library, problem, operands)  # holds out: the launches write it
 
 
 def bench_stream_k(d, shapes, timing):

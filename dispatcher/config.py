@@ -144,15 +144,14 @@ class KernelConfig:
                 f"unknown config key(s) {', '.join(map(repr, unknown))} for variant "
                 f"{variant!r} on target {target!r}; known: "
                 f"{', '.join(sorted(set(CORE_FIELDS) | target_keys | variant_keys))}")
+        tile_m, tile_n, tile_k = (128 if t is None else t for t in (tile_m, tile_n, tile_k))
         config = cls(
             variant=variant, target=target, dtype_a=dtype_a, dtype_b=dtype_b, dtype_c=dtype_c,
-            layout=layout,
-            tile_m=128 if tile_m is None else tile_m,
-            tile_n=128 if tile_n is None else tile_n,
-            tile_k=128 if tile_k is None else tile_k,
+            layout=layout, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
             target_opts=resolve_options(
                 tgt.options, {k: v for k, v in block_options.items() if k in target_keys},
-                f"target {target!r}", {"dtype": _dtype_token(dtype_a)}),
+                f"target {target!r}", {"dtype": _dtype_token(dtype_a), "layout": layout,
+                                       "tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k}),
             variant_opts=resolve_options(
                 record.options, {k: v for k, v in block_options.items() if k in variant_keys},
                 f"variant {variant!r}"),

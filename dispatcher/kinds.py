@@ -542,8 +542,9 @@ def prepare(record, arrays: dict, params: dict, choices: dict, *, out_dtype=None
         return None, (), result
     if core[1] and c is not None and c is not out:
         memory.copy(result, c, stream)
-    pointers = tuple(data_pointer(result if name == roles["out"] else arrays[name]) for name in found.names)
-    return found.problem, tuple(bind(found, pointers, core, values)), result
+    owners = tuple(result if name == roles["out"] else arrays[name] for name in found.names)
+    blocks = bind(found, tuple(map(data_pointer, owners)), core, values)
+    return found.problem, tuple(attrs.evolve(block, owners=owners) for block in blocks), result
 
 
 def prepare_gemm(a, b, *, c=None, out=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular",

@@ -252,6 +252,7 @@ def gemm_args(operands, workers: int = 0, stream: int = 0) -> GemmArgs:
     if operands.params:
         args._params = (ctypes.c_double * len(operands.params))(*operands.params)
         args.param_count, args.params = len(operands.params), args._params
+    args._owners = (a, b, c, operands.owners)  # the arrays, or the arrays behind address views
     return args
 
 

@@ -125,7 +125,11 @@ class GemmOperands:
     matrices, batch strides are in elements (0 = broadcast), `extra` holds
     (array, row stride, col stride, batch stride) per extra operand in the
     variant's declared order, `params` its scalar parameters, and
-    `transposed` says the core computes C^T = B^T A^T."""
+    `transposed` says the core computes C^T = B^T A^T. `owners`: the arrays
+    those (address) views point into, held so that their memory lives as
+    long as the operands do (`kinds.prepare`): a caller that keeps the
+    operands and drops the result array would otherwise have every launch
+    write C into freed memory (benchmarks/cpu_gemm.py did: heap corruption)."""
 
     a: np.ndarray
     b: np.ndarray
@@ -144,6 +148,7 @@ class GemmOperands:
     extra: tuple = ()
     params: tuple = ()
     transposed: bool = False
+    owners: tuple = attrs.field(default=(), repr=False, eq=False)
 
 
 @attrs.define

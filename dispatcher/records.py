@@ -22,9 +22,11 @@ class Option:
     """One key of a config block: its default and what values it allows.
 
     Either `choices` (an explicit tuple), `convert` (a function of the value
-    and the config's core fields, `context`, that returns the canonical value
-    or raises ConfigError; the CPU ISA, which names only what a kernel of the
-    config's dtype uses) or an integer range `[low, high]`.
+    and `context`: the config's core fields and, under "block", the block's
+    values given or resolved before it; it returns the canonical value or
+    raises ConfigError: the CPU ISA, which names only what the micro-kernel
+    a kernel of the config's dtype, tile and micro-tile uses) or an integer
+    range `[low, high]`.
     `default` is a value, or a function of the block's given values for a
     default that depends on another key (the CPU micro-tile on its ISA); a
     default is checked (and converted) as a given value is.
@@ -81,13 +83,15 @@ def _refuse_unknown(given, known, block: str):
 
 def resolve_options(schema: tuple, given: dict, block: str, context: Optional[dict] = None) -> tuple:
     """Defaults filled in, every key and value checked (`context`: the
-    config's core fields, for `Option.convert`); a sorted tuple of (name,
-    value) pairs, ready to live in a frozen config."""
+    config's core fields, for `Option.convert`, which also gets the block's
+    values so far); a sorted tuple of (name, value) pairs, ready to live in
+    a frozen config."""
     _refuse_unknown(given, {o.name for o in schema}, block)
     resolved = dict(given)
     for opt in schema:  # in schema order: a default may depend on an earlier key
-        resolved[opt.name] = opt.check(resolved[opt.name] if opt.name in given
-                                       else opt.default_for(resolved), block, context)
+        value = resolved[opt.name] if opt.name in given else opt.default_for(resolved)
+        resolved[opt.name] = opt.check(value, block, opt.convert and {**(context or {}),
+                                                                       "block": dict(resolved)})
     return tuple(sorted(resolved.items()))
 
 

@@ -54,7 +54,9 @@ def estimated_cost(problem, config) -> float:
     the target's parallel workers, each costing its padded area plus the
     overhead of loading its A and B blocks, which makes small tiles slow. A
     B block a worker reuses for several tiles in a row (the target's
-    `panel_reuse`) costs its share once."""
+    `panel_reuse`) costs its share once; all of it over the target's
+    `compute_rate` of the config (a faster instruction, e.g. the CPU's AMX
+    against a fallback micro-kernel of the same spec)."""
     target = targets.get(config.target)
     workers = target.parallelism(config)
     tiles = problem.tile_count(config.tile_m, config.tile_n)
@@ -62,4 +64,4 @@ def estimated_cost(problem, config) -> float:
     reuse = target.panel_reuse(problem, config, workers)
     per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_n
                                                 + 24.0 / (config.tile_m * reuse))
-    return waves * per_tile
+    return waves * per_tile / target.compute_rate(config)

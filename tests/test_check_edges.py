@@ -194,6 +194,40 @@ def test_a_single_column_or_row_has_no_inner_stride_rule():
     assert prepare_gemm(row, c)[0].layout[0] == "r"
 
 
+def test_prepared_operands_keep_the_arrays_they_point_at_alive():
+    """`prepare_gemm`'s argument blocks address their arrays by pointer; they
+    hold the arrays too. benchmarks/cpu_gemm.py kept the operands and dropped
+    the result (`problem, operands, _ = prepare_gemm(...)`), so every launch
+    wrote C into freed memory: the Xeon's bf16 child died in malloc
+    ("invalid next size (unsorted)"), a 64x64x64 one here by SIGSEGV."""
+    import gc
+    import weakref
+
+    from dispatcher.library import gemm_args
+
+    a, b = rand(37, 53), rand(53, 71)
+    problem, operands, out = prepare_gemm(a, b)
+    alive = weakref.ref(out)
+    del out, a, b
+    gc.collect()
+    assert alive() is not None, "the operands let go of the result they write"
+    d = Dispatcher(tuning=None)
+    library = d.library(d.config_matching(problem, SMALL))
+    for _ in range(3):  # the benchmark's pattern: launches, allocations between them
+        junk = [np.ones(37 * 71, np.float32) for _ in range(8)]
+        d.launch(library, problem, operands)
+        del junk
+    a, b, result = operands.owners
+    assert close(result, ref(a, b))
+    args = gemm_args(operands)  # the ABI struct holds them as well
+    del operands, a, b, result
+    gc.collect()
+    assert alive() is not None
+    del args
+    gc.collect()
+    assert alive() is None
+
+
 def test_single_rows_and_columns_join_groups_of_either_layout():
     """A group's single row or column reads as row- and as column-major, so
     it joins groups of either layout: a vector as A's row (`v[None, :]`,

@@ -188,10 +188,10 @@ def test_micro_kernels_this_machine_cannot_run_compile_to_their_instruction(tmp_
         assert INSTRUCTIONS[kernel.cpp] in listing, f"{config.name} has no {INSTRUCTIONS[kernel.cpp]}"
 
 
-def emulated(tmp_path, variant, dtype, policy, emulation, **config):
-    """A kernel of this machine's best base ISA whose micro-kernel policy is
-    `policy`, defined by C++ `emulation` (a policy's panels with its
-    instructions emulated): (library, config). Runs on any x86 machine."""
+def emulated_source(variant, dtype, policy, emulation, **config):
+    """The source of a kernel of this machine's best base ISA whose
+    micro-kernel policy is `policy`, defined by C++ `emulation` (a policy's
+    panels with its instructions emulated): (config, source, text)."""
     base = cpu_isa.supported()[0].name
     config = dispatcher.KernelConfig.create(variant=variant, dtype=dtype, layout=LAYOUTS[variant] + "r",
                                             isa=base, **{**TILE, **config}, **variant_options(variant, dtype))
@@ -200,8 +200,15 @@ def emulated(tmp_path, variant, dtype, policy, emulation, **config):
     native = cpu_isa.get(base).micro_kernel(dtype).cpp
     assert text.count(native + ">") == 1
     text = text.replace(native + ">", policy + ">").replace("using KernelTraits", emulation + "using KernelTraits", 1)
+    return config, source, text
+
+
+def emulated(tmp_path, variant, dtype, policy, emulation, flags=(), **config):
+    """`emulated_source`'s kernel, built: (library, config). Runs on any x86 machine."""
+    config, source, text = emulated_source(variant, dtype, policy, emulation, **config)
+    (name, _), = source.files
     (tmp_path / name).write_text(text)
-    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", source.flags)
+    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", (*source.flags, *flags))
     return Library(tmp_path / "kernel.so", expected_name=config.name, config=config), config
 
 
@@ -345,3 +352,151 @@ def test_amx_panels_and_tiles_with_emulated_tile_instructions(dtype, policy, var
     cases = int8_cases(rng) if dtype == "int8" else [
         (full_range(m, k, dtype, "r", rng), full_range(k, n, dtype, "r", rng)) for m, n, k in SHAPES]
     check_emulated(library, config, variant, cases)
+
+
+# The bf16 and int8 kernels the Xeon's benchmark selects (cpu_gemm.py's
+# default selection, 16 threads): AMX, 96x256x256 block tiles. Its bf16
+# 1024^3 child died in malloc ("invalid next size (unsorted)"), a heap
+# corruption; these runs check that no AMX kernel writes outside its
+# buffers: the output between guards, each per-thread buffer (packed A and
+# B panels, block accumulator) between guard bytes (tile_gemm.hpp's
+# DCPU_GUARD_BYTES), 16 workers (B panels cached, partial edge blocks,
+# several K blocks with a partial one). Natively where this machine has
+# AMX (also the benchmark's 1024^3), else with the tile instructions
+# emulated (same addresses, same bytes).
+AMX_KERNELS = {"bf16": ("avx512+amxbf16", "EmulatedTileBf16"), "int8": ("avx512+amxint8", "EmulatedTileS8")}
+BENCH_TILE = dict(tile_m=96, tile_n=256, tile_k=256, micro_m=32, micro_n=32)
+GUARD_BYTES = 4096
+AMX_WORKERS = 16
+
+
+def amx_library(tmp_path, variant, dtype, flags=()):
+    """(library, config, native): `dtype`'s AMX kernel of BENCH_TILE, built
+    with `flags`: the real one where this machine runs it, else emulated."""
+    spec, policy = AMX_KERNELS[dtype]
+    if cpu_isa.why_not_runnable(cpu_isa.get(spec)) is not None:
+        return (*emulated(tmp_path, variant, dtype, policy, EMULATED_AMX, flags, **BENCH_TILE), False)
+    config = dispatcher.KernelConfig.create(variant=variant, dtype=dtype, layout=LAYOUTS[variant] + "r",
+                                            isa=spec, **BENCH_TILE, **variant_options(variant, dtype))
+    assert config.target_params["isa"] == spec
+    source = get_manager().hook.dispatcher_codegen(config=config, target=CPU)
+    (name, text), = source.files
+    (tmp_path / name).write_text(text)
+    CPU.toolchain(config).compile(tmp_path / name, tmp_path / "kernel.so", (*source.flags, *flags))
+    return Library(tmp_path / "kernel.so", expected_name=config.name, config=config), config, True
+
+
+def run_between_guards(library, config, variant, a, b, workers):
+    """`library` on a @ b into an output with poisoned guards on both sides:
+    (out, the guards' bytes changed)."""
+    m, n = a.shape[0], b.shape[1]
+    out_type = dtypes.output_for(config.dtype_a).numpy
+    margin = GUARD_BYTES // out_type.itemsize
+    whole = poison(np.empty(m * n + 2 * margin, out_type))
+    before = whole.view(np.uint8).copy()
+    out = whole[margin:margin + m * n].reshape(m, n)
+    problem, operands, _ = prepare_gemm(a, b, variant=variant, allocate=lambda *_: out)
+    dispatcher.api.default_dispatcher().launch(library, problem, operands, {"workers": workers})
+    guards = np.r_[0:GUARD_BYTES, before.size - GUARD_BYTES:before.size]
+    return out, int(np.count_nonzero(whole.view(np.uint8)[guards] != before[guards]))
+
+
+@X86
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_amx_kernels_write_only_inside_their_buffers(dtype, variant, tmp_path, rng):
+    library, config, native = amx_library(tmp_path, variant, dtype, (f"-DDCPU_GUARD_BYTES={GUARD_BYTES}",))
+    shapes = [(257, 1031, 600), (1024, 1024, 1024)] if native else [(257, 1031, 600)]
+    for m, n, k in shapes:
+        a, b = full_range(m, k, dtype, LAYOUTS[variant][0], rng), full_range(k, n, dtype, LAYOUTS[variant][1], rng)
+        out, changed = run_between_guards(library, config, variant, a, b, AMX_WORKERS)  # KernelError: a buffer's guards
+        assert changed == 0, f"{config.name} wrote {changed} bytes beside its output ({m}x{n}x{k})"
+        if dtype == "int8":
+            np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+        else:
+            assert max_rel(out, reference(a, b)) <= tolerance(config, k), (m, n, k)
+
+
+GUARD_CHECK = r"""
+#include "cpu/tile_gemm.hpp"
+#include <cstdio>
+int main() {
+    const long offsets[] = {0, 99, 100, 127, 128, 4223, -1, -4096};  // into a 100-byte buffer
+    for (long at : offsets) {
+        auto* p = static_cast<unsigned char*>(dcpu::aligned_buffer(100));
+        p[at] ^= 1;
+        try {
+            dcpu::check_guards(p, 100, "test");
+            std::printf("%ld ok\n", at);
+        } catch (const std::exception& e) {
+            std::printf("%ld %s\n", at, e.what());
+        }
+        dcpu::AlignedFree()(p);
+    }
+}
+"""
+
+
+def test_the_guards_catch_a_write_beside_a_buffer(tmp_path):
+    """The guards themselves (DCPU_GUARD_BYTES 4096, a 100-byte buffer):
+    a write into the buffer passes, one past its end or before its start,
+    within the guards, is an error naming the buffer and how far off."""
+    tc = CPU.toolchain(dispatcher.KernelConfig.create(isa=cpu_isa.supported()[-1].name, **TILE))
+    (tmp_path / "guards.cpp").write_text(GUARD_CHECK)
+    flags = [f for f in tc.flags if f not in ("-shared", "-fvisibility=hidden")]
+    subprocess.run([tc.compiler, *flags, f"-DDCPU_GUARD_BYTES={GUARD_BYTES}", str(tmp_path / "guards.cpp"),
+                    "-o", str(tmp_path / "guards")], check=True)
+    lines = subprocess.run([str(tmp_path / "guards")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines == ["0 ok", "99 ok",
+                     "100 dcpu: the test buffer (100 bytes) was written 1 bytes past its end",
+                     "127 dcpu: the test buffer (100 bytes) was written 28 bytes past its end",
+                     "128 dcpu: the test buffer (100 bytes) was written 29 bytes past its end",
+                     "4223 dcpu: the test buffer (100 bytes) was written 4124 bytes past its end",
+                     "-1 dcpu: the test buffer was written 1 bytes before its start",
+                     "-4096 dcpu: the test buffer was written 4096 bytes before its start"]
+
+
+# A driver that runs one kernel's source as a program: M x N x K of bytes
+# 0x3f (bf16 0.74, int8 63) on `workers` threads.
+ASAN_DRIVER = r"""
+#include <cstdio>
+#include <vector>
+extern "C" int64_t dispatcher_workspace_size(const dispatcher_gemm_args*) __attribute__((weak));
+int main(int argc, char** argv) {
+    const int64_t m = atol(argv[1]), n = atol(argv[2]), k = atol(argv[3]);
+    std::vector<unsigned char> a(m * k * sizeof(KernelTraits::A::storage), 0x3f),
+        b(k * n * sizeof(KernelTraits::B::storage), 0x3f), c(m * n * sizeof(KernelTraits::C::storage));
+    dispatcher_gemm_args args{};
+    args.a = a.data(), args.b = b.data(), args.c = c.data(), args.m = m, args.n = n, args.k = k;
+    args.lda = KernelTraits::a_row ? k : m, args.ldb = KernelTraits::b_row ? n : k, args.ldc = n;
+    args.alpha = 1.0, args.workers = atoi(argv[4]);
+    std::vector<unsigned char> workspace(dispatcher_workspace_size ? dispatcher_workspace_size(&args) : 0);
+    args.workspace = workspace.data(), args.workspace_bytes = int64_t(workspace.size());
+    const int status = dispatcher_run_gemm(&args);
+    std::printf("status %d %s\n", status, dispatcher_last_error());
+    return status;
+}
+"""
+
+
+@X86
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("variant", ["regular", "stream_k"])
+def test_emulated_amx_kernels_under_address_sanitizer(dtype, variant, tmp_path):
+    """The AMX kernels of the benchmark's tiles, their tile instructions
+    emulated (plain loads and stores of the same bytes), built as a program
+    with AddressSanitizer: any read or write outside a buffer (the kernel's
+    or the program's) stops it with a report."""
+    config, source, text = emulated_source(variant, dtype, AMX_KERNELS[dtype][1], EMULATED_AMX, **BENCH_TILE)
+    (tmp_path / "kernel.cpp").write_text(text + ASAN_DRIVER)
+    tc = CPU.toolchain(config)
+    flags = [f for f in tc.flags if f not in ("-shared", "-O3")]
+    build = subprocess.run([tc.compiler, *flags, *source.flags, "-O1", "-g", "-fsanitize=address",
+                            "-fno-omit-frame-pointer", str(tmp_path / "kernel.cpp"), "-o", str(tmp_path / "kernel")],
+                           capture_output=True, text=True)
+    if build.returncode and "asan" in build.stderr.lower():
+        pytest.skip(f"no AddressSanitizer runtime: {build.stderr.strip().splitlines()[-1]}")
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "kernel"), "257", "1031", "600", str(AMX_WORKERS)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.startswith("status 0"), run.stdout + run.stderr[-3000:]

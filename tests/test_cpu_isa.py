@@ -26,25 +26,82 @@ LAYOUTS = ("rcr", "rrr", "crr", "ccr")
 FULL = {name: cpu_isa.Spec(isa, isa.extensions).name for name, isa in cpu_isa.ISAS.items()}
 
 
+# Every spec: each base with all of its extensions, and each with one
+# micro-kernel's extensions alone (AMX without the vector dot products).
+SPECS = sorted(set(FULL.values()) | {cpu_isa.Spec(isa, tuple(isa.extension(e) for e in kernel.needs)).name
+                                     for isa in cpu_isa.ISAS.values() for kernel in isa.micro_kernels})
+
+
 def test_every_default_config_of_every_variant_is_valid_on_every_isa():
-    """On every ISA and micro-kernel; a tile micro-kernel (AMX: 32x32 only)
-    filters the defaults it cannot tile but keeps at least one."""
+    """On every ISA spec and micro-kernel: a tile the best micro-kernel
+    cannot tile (AMX computes 32x32 only; 120 and 48 rows are no multiple)
+    is built with the next one that can, never refused."""
     checked = 0
     for name, record in get_manager().variants().items():
         if "cpu" not in record.targets:
             continue
         for dtype in record.dtypes:
             for layout in record.layouts:
-                for spec in FULL.values():
+                for spec in SPECS:
                     configs = [dispatcher.KernelConfig.create(variant=name, target="cpu", dtype=dtype,
                                                               layout=layout, isa=spec, **fields)
                                for fields in record.default_configs("cpu", dtype, layout)]
-                    kernel = cpu_isa.get(configs[0].target_params["isa"]).own_kernel
                     valid = [c for c in configs if CPU.build_problem(c) is None and record.check(c) is None]
-                    assert valid if kernel and kernel.tiles else valid == configs, \
-                        [(c.name, CPU.build_problem(c), record.check(c)) for c in configs]
+                    assert valid == configs, [(c.name, CPU.build_problem(c), record.check(c)) for c in configs]
                     checked += len(configs)
     assert checked >= 3 * len(dtypes.INPUT_TOKENS) * len(LAYOUTS) * len(cpu_isa.ISAS)
+
+
+# The tiles of the parity tests (tests/test_regular.py's SMALL and the other
+# variants'): 24 rows, which AMX's 32x32 does not divide.
+PARITY_TILE = dict(tile_m=24, tile_n=64, tile_k=32)
+
+
+@pytest.mark.parametrize("spec, dtype, expected", [
+    # AMX-BF16 and AVX512-BF16 (the Xeon's default spec): vdpbf16ps, 12x32
+    (FULL["avx512"], "bf16", "avx512+bf16"), (FULL["avx512"], "fp8_e4m3", "avx512+bf16"),
+    (FULL["avx512"], "int8", "avx512+vnni"), (FULL["avx512"], "fp32", "avx512"),
+    # AMX alone: the base's FMAs (int8: pmaddwd)
+    ("avx512+amxbf16", "bf16", "avx512"), ("avx512+amxint8", "int8", "avx512"),
+    ("avx512+amxbf16+amxint8+vnni", "int8", "avx512+vnni")])
+def test_a_tile_amx_cannot_tile_falls_back_to_the_next_micro_kernel(spec, dtype, expected):
+    """The Xeon's parity runs refused every bf16, fp8 and int8 kernel of
+    the 24x64 parity tile ("no micro-tile of ISA avx512+amxbf16 divides
+    it"): the spec was reduced to AMX's before the tile was looked at. The
+    choice depends on the spec and the config alone, so it is computed
+    here for specs this machine cannot run; the name says which kernel
+    and micro-tile it is."""
+    for variant in ("regular", "stream_k", "grouped", "batched"):
+        config = dispatcher.KernelConfig.create(variant=variant, dtype=dtype, isa=spec, **PARITY_TILE)
+        assert config.target_params["isa"] == expected, (variant, config.name)
+        assert f"_cpu_{expected}_mt12x32_" in config.name
+        assert CPU.build_problem(config) is None
+        # a tile AMX divides keeps AMX: 32x32 tiles of the spec's tile micro-kernel
+        whole = dispatcher.KernelConfig.create(variant=variant, dtype=dtype, isa=spec, tile_m=96, tile_n=128)
+        kernel = cpu_isa.get(spec).micro_kernel(dtype)
+        assert whole.target_params["isa"] == cpu_isa.get(spec).for_dtype(dtype).name
+        assert (whole.target_params["micro_m"], whole.target_params["micro_n"]) == (
+            (32, 32) if kernel.tiles else (12, 32))
+        assert CPU.build_problem(whole) is None
+
+
+def test_selection_ranks_a_fallback_after_the_best_micro_kernel():
+    """On the Xeon's spec the regular variant's defaults are two AMX tiles
+    (96 rows) and two fallbacks (120 and 48 rows: vdpbf16ps); the occupancy
+    model divides a config's cost by its micro-kernel's peak rate, so the
+    AMX ones rank first, as they did when the others were refused."""
+    from dispatcher.selection import rank
+    from regular_gemm.plugin import RECORD
+
+    for dtype, amx, vector in (("bf16", "avx512+amxbf16", "avx512+bf16"), ("int8", "avx512+amxint8", "avx512+vnni")):
+        for m, n, k in ((1024, 1024, 1024), (2048, 2048, 2048), (16, 4096, 4096)):
+            problem = GemmProblem(m, n, k, dtype, dtypes.output_for(dtype).token, "rrr", variant="regular")
+            configs = [dispatcher.KernelConfig.create(dtype=dtype, layout="rrr", isa=FULL["avx512"], threads=16,
+                                                      **fields)
+                       for fields in RECORD.default_configs("cpu", dtype, "rrr")]
+            assert {c.target_params["isa"] for c in configs} == {amx, vector}
+            ranked = rank(problem, configs, RECORD)
+            assert ranked[0].config.target_params["isa"] == amx, [(e.config.name, e.value) for e in ranked]
 
 
 @pytest.mark.parametrize("isa", list(cpu_isa.ISAS))
@@ -66,15 +123,24 @@ def test_matrix_and_tile_instructions_have_their_own_micro_tile():
     config = dispatcher.KernelConfig.create(dtype="int8", isa="neon+i8mm", tile_m=24, tile_n=48)
     assert (config.target_params["micro_m"], config.target_params["micro_n"]) == (8, 8)
     assert CPU.build_problem(config) is None
-    assert "needs 34 vector registers" in CPU.build_problem(config.replace(micro_m=12, micro_n=8))
-    assert "odd" in CPU.build_problem(config.replace(micro_m=3, micro_n=8, tile_m=24))
+    i8mm = cpu_isa.get("neon+i8mm")
+    assert "needs 34 vector registers" in i8mm.micro_tile_problem(12, 8)
+    assert "odd" in i8mm.micro_tile_problem(3, 8)
+    # a micro-tile smmla cannot compute is the base's (the spec is what a kernel may use)
+    for micro in ((12, 8), (3, 8)):
+        plain = config.replace(micro_m=micro[0], micro_n=micro[1])
+        assert plain.target_params["isa"] == "neon" and "_cpu_neon_mt" in plain.name
+        assert CPU.build_problem(plain) is None
     assert dispatcher.KernelConfig.create(dtype="fp32", isa="neon+i8mm").target_params["micro_m"] == 12
     # AMX's tiles: a 32x32 micro-tile and nothing else
     amx = dispatcher.KernelConfig.create(dtype="bf16", isa="avx512+amxbf16", tile_m=96, tile_n=128)
     assert (amx.target_params["micro_m"], amx.target_params["micro_n"]) == (32, 32)
     assert CPU.build_problem(amx) is None
+    assert "computes 32x32 (2x2 tiles of 16x16)" in cpu_isa.get("avx512+amxbf16").micro_tile_problem(16, 32)
+    # ... where no micro-kernel of the spec fits, the tile one's reason
     assert "computes 32x32 (2x2 tiles of 16x16)" in CPU.build_problem(amx.replace(micro_m=16))
     assert "not a multiple of the micro-tile 32x32" in CPU.build_problem(amx.replace(tile_m=120))
+    assert "no micro-tile of ISA avx512+amxbf16 divides it" in CPU.build_problem(amx.replace(tile_n=8))
 
 
 def test_avx2_has_16_registers_and_avx512_32():

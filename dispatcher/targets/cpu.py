@@ -19,7 +19,7 @@ import subprocess
 import attrs
 
 from .. import dtypes
-from ..errors import ToolchainError
+from ..errors import ConfigError, ToolchainError
 from ..records import MAX_WORKERS, Option
 from . import cpu_isa, register
 from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
@@ -74,6 +74,57 @@ class Toolchain(CompilerMixin):
         return f"{' '.join(version)} | isa:{self.isa} | headers:{headers_hash('cpu')}"
 
 
+def _positive(*values) -> tuple | None:
+    """`values` as ints if each is a positive integer (or its text), else None."""
+    try:
+        ints = tuple(int(v) for v in values if not isinstance(v, bool))
+    except (TypeError, ValueError):
+        return None
+    return ints if len(ints) == len(values) and min(ints) > 0 else None
+
+
+def isa_value(value, context: dict) -> str:
+    """The canonical `isa` of a config: the spec `value` names, reduced to
+    the extensions of the micro-kernel a kernel of the config's input dtype
+    uses (`context`: the core fields and the block's given values).
+
+    That is the spec's best micro-kernel for the dtype whose micro-tile fits
+    the config (`Spec.kernel_specs`, best first): the block tile a whole
+    multiple of the micro-tile the block gives, or where it gives none, of
+    some valid micro-tile of it (`micro_tile_for`). AMX computes 32x32 and
+    nothing else, so a 24x64 tile of a spec with AMX-BF16 and AVX512-BF16
+    is `avx512+bf16` (vdpbf16ps, its 12x32 micro-tile), of one with AMX-BF16
+    alone `avx512` (FMAs): every tile that builds without AMX builds with
+    it. Where none fits, the best one (its build problem says why). It
+    depends on the spec and the config only, never on this machine."""
+    if not isinstance(value, str):
+        raise ConfigError(f"an ISA is a string such as 'avx512+bf16', got {value!r}")
+    spec = cpu_isa.get(value)
+    dtype = context.get("dtype")
+    if not dtype:
+        return spec.name
+    block = context.get("block", {})
+    return _fitting_spec(spec.name, dtype, _positive(context.get("tile_m"), context.get("tile_n")),
+                         _positive(block.get("micro_m", -1)), _positive(block.get("micro_n", -1)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fitting_spec(spec: str, dtype: str, tile, micro_m, micro_n) -> str:
+    choices = cpu_isa.get(spec).kernel_specs(dtype)
+    if tile is None:
+        return choices[0].name
+    for choice in choices:
+        if micro_m is None and micro_n is None:
+            if micro_tile_for(choice, [tile[0]], [tile[1]]) is not None:
+                return choice.name
+            continue
+        mm = micro_m[0] if micro_m else choice.micro_tile[0]
+        mn = micro_n[0] if micro_n else choice.micro_tile[1]
+        if choice.micro_tile_problem(mm, mn) is None and tile[0] % mm == 0 and tile[1] % mn == 0:
+            return choice.name
+    return choices[0].name
+
+
 def _spec_of(block: dict) -> cpu_isa.Spec:
     """The ISA spec a target block names (reduced to its dtype's), else the active one."""
     return cpu_isa.get(block["isa"]) if "isa" in block else cpu_isa.active()
@@ -93,8 +144,9 @@ class CpuTarget:
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
                "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "
-               "else the best this machine runs), reduced to those the config's dtype uses",
-               convert=cpu_isa.config_value),
+               "else the best this machine runs), reduced to those of the best micro-kernel for "
+               "the config's dtype whose micro-tile fits its tile",
+               convert=isa_value),
         Option("micro_m", lambda block: _spec_of(block).micro_tile[0],
                "rows of the register micro-tile (default: the ISA's, or its micro-kernel's)", low=1, high=32),
         Option("micro_n", lambda block: _spec_of(block).micro_tile[1],
@@ -182,6 +234,13 @@ class CpuTarget:
     def arch_id(self) -> str:
         """What a tuning result is valid for: the active ISA spec."""
         return f"cpu-{cpu_isa.active().name}"
+
+    def compute_rate(self, config) -> float:
+        """Peak multiply-adds per cycle of `config`'s micro-kernel over the
+        FMAs of its base ISA (`cpu_isa.MicroKernel.rate`): the occupancy
+        model divides a config's cost by it, so a tile the spec's best
+        micro-kernel (AMX) computes ranks before one that falls back."""
+        return cpu_isa.get(config.target_params["isa"]).micro_kernel(config.dtype_a).rate
 
     def panel_reuse(self, problem, config, workers: int) -> int:
         """Tiles that share one packed B panel: each thread runs a contiguous

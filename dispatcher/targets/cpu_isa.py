@@ -13,9 +13,10 @@ BF16 and I8MM). An ISA *spec* names a base and the extensions a kernel may
 use, `avx512+bf16+vnni`. Each micro-kernel of the tile library
 (`native/cpu/dot_ops.hpp`) computes some input dtypes and needs some
 extensions; a kernel of one dtype uses the best micro-kernel its spec allows
-and is built and named for exactly the extensions that micro-kernel needs
-(an fp32 kernel is `avx512` on every AVX-512 machine; a bf16 one
-`avx512+bf16` where the active spec has bf16).
+whose micro-tile fits its block tile (AMX's 32x32 or the next one:
+`Spec.kernel_specs`, `cpu.isa_value`) and is built and named for exactly
+the extensions that micro-kernel needs (an fp32 kernel is `avx512` on every
+AVX-512 machine; a bf16 one `avx512+bf16` where the active spec has bf16).
 
 `DISPATCHER_CPU_ISA` chooses the spec (default: the best base this machine
 runs with every extension of it the machine has):
@@ -75,7 +76,11 @@ class MicroKernel:
     extensions its instructions need. `pairs`: a matrix instruction whose
     accumulators are 2x2 blocks (of a pair of rows and a pair of columns);
     `tiles`: tile instructions (AMX: tile registers, not vector registers,
-    so exactly its micro-tile); either has its own default micro-tile."""
+    so exactly its micro-tile); either has its own default micro-tile.
+    `rate`: its peak multiply-adds per cycle and core over the base ISA's
+    float32 FMAs (instruction tables: vdpbf16ps 2, vpdpbusd 4, tdpbf16ps
+    16, tdpbssd 32), so selection ranks a config of a spec's best
+    micro-kernel before one that falls back to a slower one."""
 
     cpp: str
     dtypes: frozenset
@@ -83,6 +88,7 @@ class MicroKernel:
     pairs: bool = False
     tiles: bool = False
     micro_tile: tuple | None = None
+    rate: float = 1.0
 
 
 # Every ISA's micro-kernel for whatever its extensions do not cover: outer
@@ -153,9 +159,9 @@ class Isa:
 
 
 # x86: pmaddwd on int8 sign-extended to int16 pairs (exact: no saturation).
-_MADD_I16 = MicroKernel("dcpu::MaddI16", frozenset({"int8"}))
+_MADD_I16 = MicroKernel("dcpu::MaddI16", frozenset({"int8"}), rate=2.0)
 # x86 VNNI: vpdpbusd, unsigned x signed bytes (B offset by 128, corrected by A's row sums).
-_VNNI = MicroKernel("dcpu::DotU8S8", frozenset({"int8"}), ("vnni",))
+_VNNI = MicroKernel("dcpu::DotU8S8", frozenset({"int8"}), ("vnni",), rate=4.0)
 
 # Best first: the default is the first one the machine can run.
 ISAS = {
@@ -180,9 +186,11 @@ ISAS = {
                           ("-mamx-tile", "-mamx-int8"), "tdpbssd: 16x16 int32 tiles += 16x64 by 64x16 int8"),
             ),
             micro_kernels=(
-                MicroKernel("dcpu::TileBf16", _BF16_EXACT, ("amxbf16",), tiles=True, micro_tile=(32, 32)),
-                MicroKernel("dcpu::TileS8", frozenset({"int8"}), ("amxint8",), tiles=True, micro_tile=(32, 32)),
-                MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",)),
+                MicroKernel("dcpu::TileBf16", _BF16_EXACT, ("amxbf16",), tiles=True, micro_tile=(32, 32),
+                            rate=16.0),
+                MicroKernel("dcpu::TileS8", frozenset({"int8"}), ("amxint8",), tiles=True, micro_tile=(32, 32),
+                            rate=32.0),
+                MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",), rate=2.0),
                 _VNNI,
                 _MADD_I16,
             )),
@@ -209,9 +217,10 @@ ISAS = {
                           "smmla: a 2x8 by 8x2 int8 matrix product per instruction", "armv8.2-a"),
             ),
             micro_kernels=(
-                MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",)),
-                MicroKernel("dcpu::MmlaS8", frozenset({"int8"}), ("i8mm",), pairs=True, micro_tile=(8, 8)),
-                MicroKernel("dcpu::DotS8", frozenset({"int8"}), ("dotprod",)),
+                MicroKernel("dcpu::DotBf16", _BF16_EXACT, ("bf16",), rate=2.0),
+                MicroKernel("dcpu::MmlaS8", frozenset({"int8"}), ("i8mm",), pairs=True, micro_tile=(8, 8),
+                            rate=8.0),
+                MicroKernel("dcpu::DotS8", frozenset({"int8"}), ("dotprod",), rate=4.0),
             )),
     )
 }
@@ -252,8 +261,19 @@ class Spec:
     def for_dtype(self, dtype: str) -> "Spec":
         """The spec a kernel of `dtype` inputs is built for: the base and the
         extensions its micro-kernel needs (none for a dtype they do not help)."""
-        needs = self.micro_kernel(dtype).needs
-        return Spec(self.isa, tuple(e for e in self.extensions if e.name in needs))
+        return self.kernel_specs(dtype)[0]
+
+    def kernel_specs(self, dtype: str) -> list:
+        """Every spec a kernel of `dtype` inputs may be built for under this
+        one, best first: for each micro-kernel of it that computes `dtype`,
+        the base and the extensions that micro-kernel needs, then the base
+        alone (`FMA`). A config takes the first whose micro-tile fits its
+        block tile (`cpu.isa_value`: AMX's 32x32 divides no 24-row tile, so
+        such a tile falls back to the vector dot product)."""
+        have = {e.name for e in self.extensions}
+        specs = [Spec(self.isa, tuple(e for e in self.extensions if e.name in k.needs))
+                 for k in self.isa.micro_kernels if dtype in k.dtypes and set(k.needs) <= have]
+        return list(dict.fromkeys(specs + [Spec(self.isa)]))
 
     @property
     def own_kernel(self) -> MicroKernel | None:
@@ -375,16 +395,6 @@ def get(text: str) -> Spec:
     else:
         chosen = [e for e in isa.extensions if e.name in named]
     return Spec(isa, tuple(chosen))
-
-
-def config_value(value, context: dict) -> str:
-    """The canonical `isa` of a config: the spec `value` names, reduced to
-    what a kernel of the config's input dtype (context["dtype"], if known) uses."""
-    if not isinstance(value, str):
-        raise ConfigError(f"an ISA is a string such as 'avx512+bf16', got {value!r}")
-    spec = get(value)
-    dtype = context.get("dtype")
-    return (spec.for_dtype(dtype) if dtype else spec).name
 
 
 def active() -> Spec:

@@ -235,8 +235,9 @@ struct AmxTiles {
         uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
     };
     static void configure() {
-        static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                            18 /* XFEATURE_XTILEDATA */) == 0;
+        // (syscall is variadic: its arguments are passed as the longs the kernel reads)
+        static const bool granted = syscall(SYS_arch_prctl, 0x1023L /* ARCH_REQ_XCOMP_PERM */,
+                                            18L /* XFEATURE_XTILEDATA */) == 0;
         if (!granted)
             throw std::runtime_error("AMX: Linux did not grant this process the tile state "
                                      "(arch_prctl ARCH_REQ_XCOMP_PERM; needs Linux 5.16 or later)");

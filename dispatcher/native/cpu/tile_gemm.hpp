@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -367,9 +368,50 @@ inline int thread_count(int compiled, int32_t requested) {
 }
 
 // --------------------------------------------------------- thread buffers ----
+// Guard bytes around every per-thread buffer, in a test build that defines
+// DCPU_GUARD_BYTES (a multiple of 64; tests/test_cpu_dot_kernels.py): set to
+// kGuard when the buffer is allocated and checked after every block
+// (`Buffers::check_guards`), so a write past a buffer's end or before its
+// start is an error that names the buffer, where it would otherwise corrupt
+// the heap and make malloc abort the process some time later.
+#ifndef DCPU_GUARD_BYTES
+#define DCPU_GUARD_BYTES 0
+#endif
+constexpr size_t kGuardBytes = DCPU_GUARD_BYTES;
+static_assert(kGuardBytes % 64 == 0, "guards keep the buffers 64-byte aligned");
+constexpr unsigned char kGuard = 0xA5;
+
 struct AlignedFree {
-    void operator()(void* p) const { std::free(p); }
+    void operator()(void* p) const { std::free(static_cast<char*>(p) - kGuardBytes); }
 };
+
+// `bytes` of memory, 64-byte aligned (and between guards in a test build).
+inline void* aligned_buffer(size_t bytes) {
+    const size_t whole = (bytes + 63) / 64 * 64;
+    char* p = static_cast<char*>(std::aligned_alloc(64, whole + 2 * kGuardBytes));
+    if (!p) throw std::bad_alloc();
+    if (kGuardBytes) {
+        std::memset(p, kGuard, kGuardBytes);
+        std::memset(p + kGuardBytes + bytes, kGuard, whole - bytes + kGuardBytes);
+    }
+    return p + kGuardBytes;
+}
+
+// Throws if anything wrote to the guards of `buffer` (an `aligned_buffer` of `bytes`).
+inline void check_guards(const void* buffer, size_t bytes, const char* name) {
+    if (!kGuardBytes || !buffer) return;
+    const unsigned char* p = static_cast<const unsigned char*>(buffer);
+    const size_t end = (bytes + 63) / 64 * 64 + kGuardBytes;
+    for (size_t i = 1; i <= kGuardBytes; ++i)
+        if (p[-static_cast<std::ptrdiff_t>(i)] != kGuard)
+            throw std::runtime_error(std::string("dcpu: the ") + name + " buffer was written " +
+                                     std::to_string(i) + " bytes before its start");
+    for (size_t i = end; i-- > bytes;)
+        if (p[i] != kGuard)
+            throw std::runtime_error(std::string("dcpu: the ") + name + " buffer (" + std::to_string(bytes) +
+                                     " bytes) was written " + std::to_string(i - bytes + 1) +
+                                     " bytes past its end");
+}
 
 template <class T>
 void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out);
@@ -393,18 +435,22 @@ struct Buffers {
     std::unique_ptr<bool[]> b_packed;   // which K blocks are packed
     size_t b_blocks = 0;
 
-    static void* make(size_t bytes) {
-        void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!p) throw std::bad_alloc();
-        return p;
-    }
+    static constexpr size_t acc_bytes = size_t(T::MC) * T::NC * sizeof(Acc);
+
+    static void* make(size_t bytes) { return aligned_buffer(bytes); }
     static Buffers& local() {
         static thread_local Buffers buffers;
         if (!buffers.acc) {
             buffers.a_panel.reset(static_cast<unsigned char*>(make(T::a_panel_bytes)));
-            buffers.acc.reset(static_cast<Acc*>(make(size_t(T::MC) * T::NC * sizeof(Acc))));
+            buffers.acc.reset(static_cast<Acc*>(make(acc_bytes)));
         }
         return buffers;
+    }
+    // A test build's check that no write left its buffer (see kGuardBytes).
+    void check_guards() const {
+        dcpu::check_guards(a_panel.get(), T::a_panel_bytes, "packed A panel");
+        dcpu::check_guards(acc.get(), acc_bytes, "block accumulator");
+        dcpu::check_guards(b_panels.get(), b_capacity, "packed B panels");
     }
     // Whether the panel of the K block at kb of column j0 is packed already
     // (cached by an earlier tile of this launch), so its source need not be read.
@@ -775,6 +821,7 @@ void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc
                                 acc + size_t(sm) * T::MR * T::NC + sn * T::NR, T::NC, add,
                                 prefetch);
     }
+    if constexpr (kGuardBytes > 0) buf.check_guards();
 }
 
 // The epilogue's arithmetic type: float for float kernels (so it
