@@ -56,10 +56,10 @@ def _tensor_pointer(t) -> int:
 
 
 def _alignment(target: str, arrays: dict) -> tuple:
-    """The alignment class of a call on a target that stages misaligned
-    operands (cuda: TMA's 16 bytes): whether each array's address is
-    aligned. Part of a plan's signature, so a plan whose first call staged
-    nothing may skip the check on later calls."""
+    """The alignment class of a call on a target whose kernels stage
+    misaligned operands in a workspace (cuda: TMA's 16 bytes): whether each
+    array's address is aligned. Part of a plan's signature, so a plan whose
+    first call needed no workspace launches every later call without one."""
     if not targets.get(target).pads:
         return ()
     return tuple(sorted((name, data_pointer(x) % ALIGNMENT == 0) for name, x in arrays.items() if x is not None))
@@ -150,7 +150,6 @@ class Plan(_Launches):
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
         self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
-        self._staged = False  # the first call's operands were staged (the target's `aligned`)
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
         self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
@@ -252,30 +251,23 @@ class Plan(_Launches):
             entry, template, library = direct
             library.check(entry(bound_gemm_args(template, self._pointers(arrays, result), core, params)))
             return
-        blocks = kinds.bind(self.layout, self._pointers(arrays, result), core, params)
-        write_back = None
-        if self.target.pads and len(blocks) == 1 and self.layout.problem.batch == 1 and not blocks[0].extra:
-            staging = _Staging(self.options.get("stream", 0), allocate)
-            block, write_back = self.target.aligned(self.layout.problem, blocks[0], staging)
-            self._staged = block is not blocks[0] or write_back is not None
-            blocks = [block]
-        for block in blocks:
+        for block in kinds.bind(self.layout, self._pointers(arrays, result), core, params):
             self.launch(block)
-        if write_back is not None:
-            write_back()
 
     def _choose(self, block):
         """The first launch (see `_Launches`), then, for a standard GEMM
-        launch of one block that needed no staging (the signature holds the
-        alignment class, so no later call of the plan does), the kernel's
-        entry point and the argument block to copy for each call."""
+        launch of one block that needs no workspace (the kernel stages no
+        operand: the signature holds the alignment class, so no later call
+        of the plan needs one either), the kernel's entry point and the
+        argument block to copy for each call."""
         super()._choose(block)
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
-        if direct is not None and not self._staged and not self.layout.outer_dims:
+        if direct is not None and not self.layout.outer_dims:
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
-            self._direct = (direct(library), template, library)
+            if library.workspace_size(template) == 0:
+                self._direct = (direct(library), template, library)
         out = self.names.get("out")
         self._slots = tuple(None if name == out else name for name in self.layout.names)  # None: the result
 
@@ -304,14 +296,6 @@ class Plan(_Launches):
         plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
                        self.target.name, False, None, self.options)
         plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
-
-
-class _Staging:
-    """What the target's `aligned` needs of the call: its stream and the
-    call's allocator (scratch in the target's memory, on that stream)."""
-
-    def __init__(self, stream: int, allocate):
-        self.stream, self.empty = stream, allocate
 
 
 def _default(record, name):

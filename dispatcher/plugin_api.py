@@ -27,6 +27,7 @@ from .hookspecs import hookimpl
 from .kinds import Operand, Param, gemm_operands
 from .library import LaunchResult, gemm_args
 from .records import WORKERS, Option, VariantRecord
+from .workspace import WORKSPACES
 
 __all__ = ["BIAS", "EPILOGUE_OPTIONS", "LaunchResult", "Operand", "Option", "Param", "VariantRecord",
            "WORKERS", "configs_per_target", "epilogue_problem_options", "epilogue_suffix", "for_variant", "gemm_args",
@@ -74,15 +75,18 @@ def launches_gemm(variant: str, registry: bool = False):
     """The `dispatcher_launch` implementation that calls the library's
     `dispatcher_run_gemm` (or its registry entry) with the argument block
     the core built (batch, strides, extra operands, parameters), passing
-    the `workers` and `stream` launch options."""
+    the `workers` and `stream` launch options and the workspace the
+    library's `dispatcher_workspace_size` asks for, if it exports one."""
     def entry_point(library):
         return library.registry[library.name] if registry else library.require("dispatcher_run_gemm")
 
     @for_variant(variant)
     def dispatcher_launch(library, problem, operands, options):
-        args = gemm_args(operands, workers=options.get("workers", 0), stream=options.get("stream", 0))
+        stream = options.get("stream", 0)
+        args = gemm_args(operands, workers=options.get("workers", 0), stream=stream)
+        nbytes = WORKSPACES.attach(library, args, stream)  # a kernel that stages operands asks for one
         library.run_gemm(args, entry_point(library))
-        return LaunchResult(library.name)
+        return LaunchResult(library.name, workspace_bytes=nbytes)
     # A plan that binds this launch may call the entry point itself with the
     # same argument block (`dispatcher.plans`): it does nothing else.
     dispatcher_launch.direct_gemm = entry_point

@@ -89,3 +89,43 @@ def test_fp8_scales_and_bias(gen):
     torch.cuda.synchronize()
     expected = np.maximum(0.5 * (f64(a) @ f64(b)) + f64(bias), 0)
     assert max_rel(f64(out), expected) <= tol("fp8_e4m3", 256)
+
+
+@pytest.mark.parametrize("variant, per, activation", [("regular", "col", "gelu"), ("batched", "row", "gelu")])
+def test_unaligned_operands_with_a_fused_epilogue(variant, per, activation, gen):
+    """Odd M, N and K (no 16-byte pitch) and a bias at an odd offset: the
+    kernel stages them in its workspace (native/cuda/staging.hpp), in batch
+    mode too, and writes only the result's own elements."""
+    batch = (3,) if variant == "batched" else ()
+    m, n, k = 263, 191, 127
+    a, b = rand(batch + (m, k), "bf16", gen), rand(batch + (k, n), "bf16", gen)
+    bias = rand((n + 1,), "bf16", gen)[1:] if per == "col" else rand((m + 1, 1), "bf16", gen)[1:]
+    whole = torch.full(batch + (m, n + 1), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = whole[..., :n]  # rows of 192 elements: the column past N must stay NaN
+    dispatcher.run(variant, a=a, b=b, out=out, bias=bias, activation=activation, alpha=0.5,
+                   target="cuda", config=tile("bf16"))
+    torch.cuda.synchronize()
+    expected = ACTIVATIONS[activation](0.5 * np.matmul(f64(a), f64(b)) + f64(bias))
+    assert max_rel(f64(out), expected) <= tol("bf16", k)
+    assert torch.isnan(whole[..., n]).all()
+
+
+def test_unaligned_batched_matmul_replays_in_a_cuda_graph(gen):
+    """A staged call (its copies, the GEMM and the copy back) is captured in
+    a CUDA graph and replays with new data in the same buffers."""
+    a, b = rand((4, 100, 77), "bf16", gen), rand((4, 77, 90), "bf16", gen)
+    out = torch.empty((4, 100, 90), device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        dispatcher.matmul(a, b, out=out, config=tile("bf16"))  # warm up: select, build, bind
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        dispatcher.matmul(a, b, out=out, config=tile("bf16"))
+    for _ in range(2):
+        a.copy_(rand((4, 100, 77), "bf16", gen))
+        b.copy_(rand((4, 77, 90), "bf16", gen))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert max_rel(f64(out), np.matmul(f64(a), f64(b))) <= tol("bf16", 77)

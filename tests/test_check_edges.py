@@ -317,32 +317,48 @@ def test_cli_numbers_at_and_below_their_limits():
 
 
 # ---------------------------------------------------------- CUDA alignment
-def test_cuda_alignment_at_and_one_past_16_bytes(monkeypatch):
-    """TMA needs 16-byte addresses and row pitches: an fp16 row-major A with
-    K = 8 (16 bytes) at an aligned address is read in place; K = 9, a pitch
-    of 18 bytes, or an address 2 bytes off is padded to a copy. (No GPU:
-    the copy is recorded, not made.)"""
-    from types import SimpleNamespace
+_STAGING_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "cuda/staging.hpp"
+struct Fp16Rrr { using ElementA = short; using ElementB = short; using ElementC = short;
+                 static constexpr bool kARow = true, kBRow = true, kCRow = true; };
+int main(int argc, char** argv) {  // k lda a_offset_bytes: A (8, k) fp16, B (k, 8), C (8, 8)
+    const long k = atol(argv[1]), lda = atol(argv[2]), off = atol(argv[3]);
+    dispatcher_gemm_args a{};
+    a.a = reinterpret_cast<const void*>(1024 + off); a.b = reinterpret_cast<const void*>(4096);
+    a.c = reinterpret_cast<void*>(8192);
+    a.m = 8, a.n = 8, a.k = k, a.lda = lda, a.ldb = 8, a.ldc = 8;
+    const dcuda::Staging s = dcuda::staging_of<Fp16Rrr, false, false>(&a);
+    printf("%d %d %d %ld %ld\n", s.staged_a, s.staged_b, s.staged_c, long(s.args.k), long(s.args.lda));
+}
+"""
 
-    from dispatcher.problem import GemmOperands
-    from dispatcher.targets import cuda_memory
-    from dispatcher.targets.cuda_memory import DeviceArray
-    copied = []
-    monkeypatch.setattr(cuda_memory, "_padded_copy",
-                        lambda x, rows, cols, row_major, session, copy_data=True:
-                        copied.append((rows, cols)) or (DeviceArray((rows, cols), (cols * 2, 2), x.dtype, 0, None),
-                                                        cols))
 
-    def padded(k, lda, ptr):
-        copied.clear()
-        a = DeviceArray((8, k), (lda * 2, 2), np.float16, ptr, None)
-        b = DeviceArray((k, 8), (16, 2), np.float16, 4096, None)
-        c = DeviceArray((8, 8), (16, 2), np.float16, 8192, None)
-        problem = SimpleNamespace(layout="rrr")
-        cuda_memory.aligned_operands(problem, GemmOperands(a, b, c, lda, 8, 8), SimpleNamespace(stream=0))
-        return list(copied)
+def test_cuda_staging_at_and_one_past_16_bytes(tmp_path):
+    """TMA needs 16-byte addresses, row pitches and contiguous extents, so
+    the CUDA kernels stage what breaks that rule (native/cuda/staging.hpp,
+    plain C++ compiled here, no GPU): an fp16 row-major A with K = 8 (16
+    bytes) at an aligned address is read in place; a pitch of 18 bytes or an
+    address 2 bytes off stages A alone; K = 9 pads K to 16, so B as well."""
+    import subprocess
+    from pathlib import Path
 
-    assert padded(8, 8, 1024) == []
-    assert padded(8, 9, 1024) == [(8, 8)]
-    assert padded(8, 8, 1026) == [(8, 8)]
-    assert padded(9, 16, 1024) == [(8, 16), (16, 8)]
+    from dispatcher.targets.cpu import Toolchain
+    native = Path(dispatcher.__file__).parent / "native"
+    (tmp_path / "drive.cpp").write_text(_STAGING_DRIVER)
+    exe = tmp_path / "drive"
+    subprocess.run([Toolchain.find(cpu_isa.active().name).compiler, "-std=c++17", f"-I{native}", str(tmp_path / "drive.cpp"), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=120)
+
+    def staged(k, lda, offset):
+        done = subprocess.run([str(exe), str(k), str(lda), str(offset)], capture_output=True, text=True,
+                              check=True, timeout=30)
+        return tuple(int(x) for x in done.stdout.split())
+
+    assert staged(8, 8, 0) == (0, 0, 0, 8, 8)    # (A, B, C staged, K run, lda run)
+    assert staged(8, 9, 0) == (1, 0, 0, 8, 8)    # pitch 18 bytes: A copied with pitch 16
+    assert staged(8, 8, 2) == (1, 0, 0, 8, 8)    # address 2 bytes off
+    assert staged(8, 8, 16) == (0, 0, 0, 8, 8)   # the next aligned address
+    assert staged(9, 16, 0) == (1, 1, 0, 16, 16)  # K = 9: both inputs padded to K = 16
+    assert staged(16, 16, 0) == (0, 0, 0, 16, 16)

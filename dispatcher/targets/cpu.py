@@ -140,7 +140,7 @@ class CpuTarget:
     active one (`cpu_isa.active`), so variant plugins name block tiles only."""
 
     name: str = "cpu"
-    pads = False  # its kernels read operands at any alignment (see `aligned`)
+    pads = False  # its kernels read operands at any alignment
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
                "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "
@@ -271,10 +271,6 @@ class CpuTarget:
         OMP_WAIT_POLICY or GOMP_SPINCOUNT wins."""
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-
-    def aligned(self, problem, operands, session):
-        """`operands` as they are: CPU kernels load any alignment."""
-        return operands, None
 
     def benchmark_devices(self) -> list:
         """Benchmark workers of a sweep by default: one, on this machine's CPUs."""

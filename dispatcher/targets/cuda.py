@@ -116,7 +116,7 @@ class Toolchain(CompilerMixin):
 @attrs.frozen
 class CudaTarget:
     name: str = "cuda"
-    pads = True  # operands that break TMA's 16-byte rule are staged (see `aligned`)
+    pads = True  # its kernels stage operands that break TMA's 16-byte rule (native/cuda/staging.hpp)
     options: tuple = (
         Option("cluster_m", 2, "thread-block cluster extent along M", choices=(1, 2, 4)),
         Option("cluster_n", 1, "thread-block cluster extent along N", choices=(1, 2, 4)),
@@ -192,6 +192,7 @@ class CudaTarget:
             f"    using LayoutC = {layout[config.layout[2]]};",
             f"    static constexpr bool kARow = {str(config.layout[0] == 'r').lower()};",
             f"    static constexpr bool kBRow = {str(config.layout[1] == 'r').lower()};",
+            f"    static constexpr bool kCRow = {str(config.layout[2] == 'r').lower()};",
             f"    using TileShape = cute::Shape<cute::_{config.tile_m}, cute::_{config.tile_n}, cute::_{config.tile_k}>;",
             f"    using ClusterShape = cute::Shape<cute::_{o['cluster_m']}, cute::_{o['cluster_n']}, cute::_1>;",
             f"    static constexpr int kStages = {o['stages']};",
@@ -243,18 +244,6 @@ class CudaTarget:
 
     def prepare_process(self):
         """Nothing: CUDA kernels need no process settings before loading."""
-
-    def aligned(self, problem, operands, session):
-        """(operands TMA can read, a function that writes the result back, or
-        None). TMA needs 16-byte aligned addresses, row pitches and
-        contiguous extents, which odd sizes and views at odd offsets break;
-        CUTLASS's cp.async mainloops need at least 4 bytes, which odd bf16
-        sizes break too. So an operand that does not fit is copied once into
-        a zero-padded buffer with a 16-byte pitch, and a C that does not is
-        computed in such a buffer and copied back: every problem runs on the
-        TMA kernels, for extra passes over the operands that did not fit."""
-        from . import cuda_memory
-        return cuda_memory.aligned_operands(problem, operands, session)
 
     def benchmark_devices(self) -> list:
         """Benchmark workers of a sweep by default: one per visible GPU."""

@@ -167,68 +167,6 @@ class DeviceMemory:
 
 DEVICE = DeviceMemory()
 
-ALIGN_BYTES = 16  # what TMA needs of addresses, row pitches and contiguous extents
-
-
-def _round_up(n: int, step: int) -> int:
-    return -(-max(n, 1) // step) * step
-
-
-def _padded_copy(x: DeviceArray, rows: int, cols: int, row_major: bool, session,
-                 copy_data: bool = True) -> tuple:
-    """(a zero-filled (rows, cols) matrix in the layout the kernel reads x in,
-    with a 16-byte pitch, holding x in its top-left corner; its pitch).
-    Allocated by the session (torch's or CuPy's allocator on the session's
-    stream), so the memory is not reused before the launch on that stream
-    is done with it."""
-    stream = session.stream
-    outer, inner = (rows, cols) if row_major else (cols, rows)
-    pitch = _round_up(inner, ALIGN_BYTES // x.itemsize)
-    buf = session.empty((outer, pitch), x.dtype)
-    DEVICE.zero(buf, outer * pitch * x.itemsize, stream)
-    whole = DeviceArray((outer, inner), (pitch * x.itemsize, x.itemsize), x.dtype, buf.ptr, buf.owner)
-    whole = whole if row_major else whole.T
-    if copy_data:
-        DEVICE.copy(_corner(whole, *x.shape), x, stream)
-    return whole, pitch
-
-
-def _corner(x: DeviceArray, rows: int, cols: int) -> DeviceArray:
-    return DeviceArray((rows, cols), x.strides, x.dtype, x.ptr, x.owner)
-
-
-def aligned_operands(problem, operands, session):
-    """See `CudaTarget.aligned`. TMA reads a matrix whose address, row pitch
-    and contiguous extent are multiples of 16 bytes, so a problem whose
-    contiguous extents are not (K of a row-major A, M of a column-major one,
-    N of C...) is padded with zeros to the next multiple: zero rows and
-    columns of K add nothing, and extra rows and columns of C are dropped."""
-    import attrs
-    a, b, c = operands.a, operands.b, operands.c
-    a_row, b_row = problem.layout[0] == "r", problem.layout[1] == "r"
-    (m, k), n = a.shape, b.shape[1]
-    step_in, step_c = ALIGN_BYTES // a.itemsize, ALIGN_BYTES // c.itemsize
-    pad_k = _round_up(k, step_in) if (a_row or not b_row) and k % step_in else k
-    pad_m = _round_up(m, step_in) if not a_row and m % step_in else m
-    step_n = max(step_in if b_row else 1, step_c)
-    pad_n = _round_up(n, step_n) if n % step_n else n
-
-    def fits(x, ld, rows, cols):
-        return x.shape == (rows, cols) and x.ptr % ALIGN_BYTES == 0 and (ld * x.itemsize) % ALIGN_BYTES == 0
-
-    changes, restore = {}, None
-    if not fits(a, operands.lda, pad_m, pad_k):
-        changes["a"], changes["lda"] = _padded_copy(a, pad_m, pad_k, a_row, session)
-    if not fits(b, operands.ldb, pad_k, pad_n):
-        changes["b"], changes["ldb"] = _padded_copy(b, pad_k, pad_n, b_row, session)
-    if not fits(c, operands.ldc, pad_m, pad_n):
-        changes["c"], changes["ldc"] = _padded_copy(c, pad_m, pad_n, True, session, copy_data=operands.beta != 0)
-        restore = lambda: DEVICE.copy(c, _corner(changes["c"], m, n), session.stream)
-    if not changes:
-        return operands, None
-    return attrs.evolve(operands, **changes), restore
-
-
 class DeviceSession:
     """Imports one call's arrays to the device and returns results in kind:
     numpy in -> numpy out (copied back), device arrays in -> device out."""

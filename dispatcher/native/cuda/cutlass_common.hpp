@@ -23,6 +23,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "dispatcher_abi.h"
+#include "staging.hpp"
 
 namespace dcuda {
 
@@ -310,14 +311,52 @@ int run_single(typename Gemm::Arguments& arguments, const dispatcher_gemm_args* 
     return launch<Gemm>(arguments, last.params, a->workspace, stream);
 }
 
-// One call of a single-problem (or batch mode L) GemmUniversal kernel with
-// fused epilogue `Epi`: arguments checked and built, params cached per thread.
+// The Arguments of a call on a single-problem (or batch mode L)
+// GemmUniversal kernel with fused epilogue `Epi`.
 template <class Gemm, class T, class Epi>
-int run_universal(const dispatcher_gemm_args* a) {
-    check_args<T>(a);
+typename Gemm::Arguments universal_arguments(const dispatcher_gemm_args* a) {
     auto arguments = gemm_arguments<Gemm, T>(a);
     apply_abi2<Gemm, T, Epi>(arguments, a);
-    return run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
+    return arguments;
+}
+
+// The staging of a call (staging.hpp) on a kernel of traits T whose fused
+// epilogue `Epi` may read a bias along M or N.
+template <class T, class Epi>
+Staging staging_for(const dispatcher_gemm_args* a) {
+    return staging_of<T, Epi::bias != Bias::none, Epi::bias == Bias::row>(a);
+}
+
+// The workspace a call needs (dispatcher_workspace_size): its staged
+// copies, then the kernel's own scratch for the problem it runs.
+template <class Gemm, class T, class Epi, class Make>
+int64_t call_workspace_bytes(const dispatcher_gemm_args* a, Make&& make) {
+    check_args<T>(a);
+    Staging s = staging_for<T, Epi>(a);
+    return s.bytes + static_cast<int64_t>(Gemm::get_workspace_size(make(&s.args)));
+}
+
+// One call of a single-problem kernel whose Arguments `make` builds: run in
+// place, or on staged copies (staging.hpp) in the call's workspace with the
+// result copied back, all on the call's stream.
+template <class Gemm, class T, class Epi, class Make>
+int run_call(const dispatcher_gemm_args* a, Make&& make) {
+    check_args<T>(a);
+    const auto stream = static_cast<cudaStream_t>(a->stream);
+    Staging s = staging_for<T, Epi>(a);
+    if (!s.any()) {
+        auto arguments = make(a);
+        return run_single<Gemm>(arguments, a, stream);
+    }
+    if (!a->workspace || a->workspace_bytes < s.bytes)
+        throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size() (operands that "
+                                        "break TMA's 16-byte rule are staged in the workspace)");
+    const dispatcher_gemm_args staged = s.bound(a->workspace);
+    for (int i = 0; i < s.moves_in; ++i) check_cuda(copy(s.in[i], stream), "staging an operand");
+    auto arguments = make(&staged);
+    const int status = run_single<Gemm>(arguments, &staged, stream);
+    if (status == DISPATCHER_OK && s.copy_out) check_cuda(copy(s.out, stream), "copying the staged result");
+    return status;
 }
 
 // The ABI guard for CUDA entry points: Failure keeps its status.
@@ -344,3 +383,11 @@ int64_t size_or_error(Body&& body) {
 }
 
 }  // namespace dcuda
+
+// The workspace size query of a single-problem kernel (`run_call`): the
+// bytes of its staged copies and its own scratch.
+#define DCUDA_DEFINE_WORKSPACE_EXPORT(GEMM, TRAITS, EPI, ARGUMENTS_OF)                          \
+    extern "C" DISPATCHER_EXPORT int64_t dispatcher_workspace_size(const dispatcher_gemm_args* args) { \
+        return dcuda::size_or_error(                                                          \
+            [&] { return dcuda::call_workspace_bytes<GEMM, TRAITS, EPI>(args, ARGUMENTS_OF); }); \
+    }

@@ -7,10 +7,15 @@ using T = KernelTraits;
 using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
 using Gemm = dcuda::UniversalGemm<T, Epi>;
 
+typename Gemm::Arguments arguments_of(const dispatcher_gemm_args* a) {
+    return dcuda::universal_arguments<Gemm, T, Epi>(a);
+}
+
 int run(const dispatcher_gemm_args* a) {
-    return dcuda::guarded([&] { return dcuda::run_universal<Gemm, T, Epi>(a); });
+    return dcuda::guarded([&] { return dcuda::run_call<Gemm, T, Epi>(a, arguments_of); });
 }
 
 }  // namespace
 
 DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)
+DCUDA_DEFINE_WORKSPACE_EXPORT(Gemm, T, Epi, arguments_of)

@@ -23,11 +23,7 @@ typename Gemm::Arguments arguments_of(const dispatcher_gemm_args* a) {
 }
 
 int run(const dispatcher_gemm_args* a) {
-    return dcuda::guarded([&] {
-        dcuda::check_args<T>(a);
-        auto arguments = arguments_of(a);
-        return dcuda::run_single<Gemm>(arguments, a, static_cast<cudaStream_t>(a->stream));
-    });
+    return dcuda::guarded([&] { return dcuda::run_call<Gemm, T, dcuda::PlainEpilogue>(a, arguments_of); });
 }
 }  // namespace
 
@@ -35,10 +31,4 @@ DISPATCHER_DEFINE_COMMON_EXPORTS(KERNEL_NAME)
 
 extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args* args) { return run(args); }
 
-extern "C" DISPATCHER_EXPORT int64_t dispatcher_workspace_size(const dispatcher_gemm_args* args) {
-    return dcuda::size_or_error([&] {
-        dcuda::check_args<T>(args);
-        auto arguments = arguments_of(args);
-        return static_cast<int64_t>(Gemm::get_workspace_size(arguments));
-    });
-}
+DCUDA_DEFINE_WORKSPACE_EXPORT(Gemm, T, dcuda::PlainEpilogue, arguments_of)

@@ -1,0 +1,198 @@
+// Staging of operands TMA cannot read in place.
+//
+// A TMA load or store needs the matrix's address, pitch, batch stride and
+// contiguous extent in multiples of 16 bytes (CUTLASS's can_implement checks
+// the same); odd sizes (K = 777 in bf16) and views at odd offsets break it.
+// Such a call runs on zero-padded copies in the call's workspace: one copy
+// kernel per staged operand, the GEMM on the padded problem, one copy of the
+// padded result back into C. Zero rows and columns of K add nothing, and the
+// padded rows and columns of D are dropped. Everything is queued on the
+// call's stream, so it can be captured in a CUDA graph like the GEMM itself,
+// and the Python side needs nothing but the workspace size it asks for.
+#pragma once
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "dispatcher_abi.h"
+
+namespace dcuda {
+
+// One operand as stored: `batch` matrices `batch_stride` elements apart
+// (0: one matrix for all), each `outer` lines of `inner` contiguous elements
+// `ld` apart.
+struct Stored {
+    const void* data;
+    int64_t outer, inner, ld, batch_stride;
+};
+
+// A copy of `from` into `to` (dst lines past from's extents get zeros), of
+// `batch` matrices of `bytes`-byte elements. `to.data` is an offset into the
+// workspace until the call binds it.
+struct Move {
+    Stored from, to;
+    int64_t batch;
+    int bytes;
+};
+
+inline int64_t round_up(int64_t x, int64_t step) { return (x + step - 1) / step * step; }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// How a call runs on staged operands: the argument block the GEMM gets
+// (pointing into the workspace where staged), the copies before it, the copy
+// of D back into C after it, and the workspace bytes the copies take.
+struct Staging {
+    dispatcher_gemm_args args{};
+    dispatcher_operand bias{};
+    Move in[4]{};
+    int moves_in = 0;
+    Move out{};
+    bool copy_out = false;
+    int64_t bytes = 0;
+
+    bool any() const { return moves_in > 0 || copy_out || bytes > 0; }
+
+    // Stage `from` (element bytes `size`, `batch` matrices) as a padded
+    // (outer, inner) copy in the workspace; returns its stored form.
+    Stored place(const Stored& from, int64_t outer, int64_t inner, int64_t batch, int size, bool copy_in) {
+        const int64_t count = from.batch_stride == 0 ? 1 : batch;
+        Stored to{reinterpret_cast<const void*>(bytes), outer, inner, inner,
+                  from.batch_stride == 0 ? 0 : outer * inner};
+        bytes += round_up(count * outer * inner * size, 256);
+        if (copy_in) in[moves_in++] = Move{from, to, count, size};
+        return to;
+    }
+
+    // The argument block bound to `workspace`: staged pointers moved from
+    // offsets to addresses; the kernel's own scratch starts after the copies.
+    dispatcher_gemm_args bound(void* workspace) {
+        auto at = [&](const void* offset) {
+            return static_cast<void*>(static_cast<char*>(workspace) + reinterpret_cast<intptr_t>(offset));
+        };
+        dispatcher_gemm_args a = args;
+        for (int i = 0; i < moves_in; ++i) in[i].to.data = at(in[i].to.data);
+        if (copy_out) out.from.data = at(out.from.data);
+        if (staged_a) a.a = at(a.a);
+        if (staged_b) a.b = at(a.b);
+        if (staged_c) a.c = at(a.c);
+        if (staged_bias) {
+            bias.data = at(bias.data);
+            a.extra = &bias;
+            a.extra_count = 1;
+        }
+        a.workspace = bytes ? static_cast<char*>(workspace) + bytes : workspace;
+        a.workspace_bytes = args.workspace_bytes - bytes;
+        return a;
+    }
+
+    bool staged_a = false, staged_b = false, staged_c = false, staged_bias = false;
+};
+
+// The staging of one call (`staging_of<T, BiasAlongM, BiasAlongN>`): which
+// operands the kernel of traits T cannot read in place, and their padded
+// copies. The padded sizes: K to a multiple of the inputs' 16 bytes where it
+// is contiguous in A or B, M where A is column-major, N where it is
+// contiguous in B or C. An operand is staged when a padded size is one of its
+// extents or its address, pitch or batch stride is off 16 bytes.
+template <class T, bool HasBias, bool BiasAlongM>
+Staging staging_of(const dispatcher_gemm_args* a) {
+    using EA = typename T::ElementA;
+    using EB = typename T::ElementB;
+    using EC = typename T::ElementC;
+    constexpr int64_t alA = 16 / sizeof(EA), alB = 16 / sizeof(EB), alC = 16 / sizeof(EC);
+    constexpr bool kCRow = T::kCRow;
+    Staging s;
+    s.args = *a;
+    const int64_t m = a->m, n = a->n, k = a->k, batch = a->batch > 1 ? a->batch : 1;
+    const bool k_in_a = T::kARow, k_in_b = !T::kBRow;
+    const int64_t kp = ((k_in_a && k % alA) || (k_in_b && k % alB)) ? round_up(k, std::max(alA, alB)) : k;
+    const int64_t mp = ((!T::kARow && m % alA) || (!kCRow && m % alC))
+                           ? round_up(m, std::max(T::kARow ? int64_t(1) : alA, kCRow ? int64_t(1) : alC))
+                           : m;
+    const int64_t np = ((T::kBRow && n % alB) || (kCRow && n % alC))
+                           ? round_up(n, std::max(T::kBRow ? alB : int64_t(1), kCRow ? alC : int64_t(1)))
+                           : n;
+    auto off = [&](const void* p, int64_t ld, int64_t bs, int64_t al) {
+        return !aligned16(p) || ld % al || (batch > 1 && bs % al);
+    };
+    // A: (M, K) row-major or its transpose
+    const Stored sa{a->a, T::kARow ? m : k, T::kARow ? k : m, a->lda, a->batch_stride_a};
+    if (mp != m || kp != k || off(a->a, a->lda, a->batch_stride_a, alA)) {
+        const Stored to = s.place(sa, T::kARow ? mp : kp, T::kARow ? kp : mp, batch, sizeof(EA), true);
+        s.args.a = to.data, s.args.lda = to.ld, s.args.batch_stride_a = to.batch_stride, s.staged_a = true;
+    }
+    const Stored sb{a->b, T::kBRow ? k : n, T::kBRow ? n : k, a->ldb, a->batch_stride_b};
+    if (np != n || kp != k || off(a->b, a->ldb, a->batch_stride_b, alB)) {
+        const Stored to = s.place(sb, T::kBRow ? kp : np, T::kBRow ? np : kp, batch, sizeof(EB), true);
+        s.args.b = to.data, s.args.ldb = to.ld, s.args.batch_stride_b = to.batch_stride, s.staged_b = true;
+    }
+    const Stored sc{a->c, kCRow ? m : n, kCRow ? n : m, a->ldc, a->batch_stride_c};
+    if (mp != m || np != n || off(a->c, a->ldc, a->batch_stride_c, alC)) {
+        const Stored to = s.place(sc, kCRow ? mp : np, kCRow ? np : mp, batch, sizeof(EC), a->beta != 0.0);
+        s.args.c = const_cast<void*>(to.data), s.args.ldc = to.ld, s.args.batch_stride_c = to.batch_stride;
+        s.staged_c = true;
+        s.out = Move{to, sc, batch, int(sizeof(EC))};
+        s.copy_out = true;
+    }
+    if constexpr (HasBias) {
+        if (a->extra_count > 0 && a->extra && a->extra[0].data) {
+            s.bias = a->extra[0];
+            const int64_t len = BiasAlongM ? m : n, lenp = BiasAlongM ? mp : np;
+            const int64_t stride = BiasAlongM ? s.bias.row_stride : s.bias.col_stride;
+            if (stride == 1 && (lenp != len || off(s.bias.data, 0, s.bias.batch_stride, alC))) {
+                const Stored from{s.bias.data, 1, len, len, s.bias.batch_stride};
+                const Stored to = s.place(from, 1, lenp, batch, sizeof(EC), true);
+                s.bias.data = to.data, s.bias.batch_stride = to.batch_stride, s.staged_bias = true;
+            }
+        }
+    }
+    s.args.m = mp, s.args.n = np, s.args.k = kp;
+    return s;
+}
+
+// The copies themselves (nvcc only: the plan above is plain C++, which the
+// CPU tests compile to check it).
+#ifdef __CUDACC__
+template <class Word>
+__global__ void copy_padded(const Word* src, int64_t s_outer, int64_t s_inner, int64_t s_ld, int64_t s_bs,
+                            Word* dst, int64_t outer, int64_t inner, int64_t ld, int64_t bs, int64_t lines) {
+    for (int64_t line = blockIdx.y; line < lines; line += gridDim.y) {
+        const int64_t b = line / outer, i = line - b * outer;
+        const Word* from = src + b * s_bs + i * s_ld;
+        Word* to = dst + b * bs + i * ld;
+        for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < inner;
+             j += int64_t(gridDim.x) * blockDim.x)
+            to[j] = (i < s_outer && j < s_inner) ? from[j] : Word(0);
+    }
+}
+
+template <class Word>
+cudaError_t launch_copy(const Move& m, cudaStream_t stream) {
+    const int64_t lines = m.batch * m.to.outer;
+    const unsigned threads = 256;
+    const dim3 grid(unsigned(std::min<int64_t>((m.to.inner + threads - 1) / threads, 64)),
+                    unsigned(std::min<int64_t>(lines, 65535)));
+    copy_padded<Word><<<grid, threads, 0, stream>>>(
+        static_cast<const Word*>(m.from.data), m.from.outer, m.from.inner, m.from.ld, m.from.batch_stride,
+        static_cast<Word*>(const_cast<void*>(m.to.data)), m.to.outer, m.to.inner, m.to.ld, m.to.batch_stride,
+        lines);
+    return cudaGetLastError();
+}
+
+inline cudaError_t copy(const Move& m, cudaStream_t stream) {
+    switch (m.bytes) {
+        case 1: return launch_copy<uint8_t>(m, stream);
+        case 2: return launch_copy<uint16_t>(m, stream);
+        case 4: return launch_copy<uint32_t>(m, stream);
+        default: return launch_copy<uint64_t>(m, stream);
+    }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace dcuda
