@@ -327,36 +327,49 @@ Staging staging_for(const dispatcher_gemm_args* a) {
     return staging_of<T, Epi::bias != Bias::none, Epi::bias == Bias::row>(a);
 }
 
-// The workspace a call needs (dispatcher_workspace_size): its staged
-// copies, then the kernel's own scratch for the problem it runs.
-template <class Gemm, class T, class Epi, class Make>
-int64_t call_workspace_bytes(const dispatcher_gemm_args* a, Make&& make) {
+// The workspace a call needs when `scratch(args)` is what its body needs
+// for the problem it runs: the staged copies (staging.hpp), then that.
+template <class T, class Epi, class Scratch>
+int64_t staged_workspace_bytes(const dispatcher_gemm_args* a, Scratch&& scratch) {
     check_args<T>(a);
     Staging s = staging_for<T, Epi>(a);
-    return s.bytes + static_cast<int64_t>(Gemm::get_workspace_size(make(&s.args)));
+    return s.bytes + scratch(&s.args);
 }
 
-// One call of a single-problem kernel whose Arguments `make` builds: run in
-// place, or on staged copies (staging.hpp) in the call's workspace with the
-// result copied back, all on the call's stream.
-template <class Gemm, class T, class Epi, class Make>
-int run_call(const dispatcher_gemm_args* a, Make&& make) {
+// Run `body(args)` on the call itself, or, where an operand breaks TMA's
+// 16-byte rule, on zero-padded copies in the call's workspace (the body
+// gets the rest of the workspace) with the result copied back; all on the
+// call's stream. Every CUDA kernel's entry point goes through here.
+template <class T, class Epi, class Body>
+int staged_call(const dispatcher_gemm_args* a, Body&& body) {
     check_args<T>(a);
     const auto stream = static_cast<cudaStream_t>(a->stream);
     Staging s = staging_for<T, Epi>(a);
-    if (!s.any()) {
-        auto arguments = make(a);
-        return run_single<Gemm>(arguments, a, stream);
-    }
+    if (!s.any()) return body(a);
     if (!a->workspace || a->workspace_bytes < s.bytes)
         throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size() (operands that "
                                         "break TMA's 16-byte rule are staged in the workspace)");
     const dispatcher_gemm_args staged = s.bound(a->workspace);
     for (int i = 0; i < s.moves_in; ++i) check_cuda(copy(s.in[i], stream), "staging an operand");
-    auto arguments = make(&staged);
-    const int status = run_single<Gemm>(arguments, &staged, stream);
+    const int status = body(&staged);
     if (status == DISPATCHER_OK && s.copy_out) check_cuda(copy(s.out, stream), "copying the staged result");
     return status;
+}
+
+// The workspace of a single-problem kernel whose Arguments `make` builds.
+template <class Gemm, class T, class Epi, class Make>
+int64_t call_workspace_bytes(const dispatcher_gemm_args* a, Make&& make) {
+    return staged_workspace_bytes<T, Epi>(
+        a, [&](const dispatcher_gemm_args* s) { return static_cast<int64_t>(Gemm::get_workspace_size(make(s))); });
+}
+
+// One call of a single-problem kernel whose Arguments `make` builds.
+template <class Gemm, class T, class Epi, class Make>
+int run_call(const dispatcher_gemm_args* a, Make&& make) {
+    return staged_call<T, Epi>(a, [&](const dispatcher_gemm_args* s) {
+        auto arguments = make(s);
+        return run_single<Gemm>(arguments, s, static_cast<cudaStream_t>(s->stream));
+    });
 }
 
 // The ABI guard for CUDA entry points: Failure keeps its status.

@@ -116,27 +116,29 @@ __global__ void tree_reduce(const float* __restrict__ partials, int64_t slice_el
     }
 }
 
+// The split-K launches and the reduction, on operands TMA can read.
+int run_aligned(const dispatcher_gemm_args* a) {
+    const Layout w = layout_of(a);
+    if (a->workspace_bytes < w.bytes || !a->workspace)
+        throw dcuda::Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
+    auto* base = static_cast<char*>(a->workspace);
+    auto* partials = reinterpret_cast<float*>(base + w.partials_offset);
+    Launches l = launches_of(a, w, partials);
+    const auto stream = static_cast<cudaStream_t>(a->stream);
+    if (l.full_count) dcuda::run_gemm<PartialGemm>(l.full, base, w.cutlass_bytes, stream);
+    if (l.rest_count) dcuda::run_gemm<PartialGemm>(l.rest, base, w.cutlass_bytes, stream);
+    constexpr int kThreads = 256;
+    const int64_t blocks = std::min<int64_t>((a->m * a->n + kThreads - 1) / kThreads,
+                                             int64_t(dcuda::multiprocessor_count(dcuda::current_device())) * 8);
+    tree_reduce<<<int(blocks), kThreads, 0, stream>>>(
+        partials, w.slice_elems, w.ldw, int(l.full_count + l.rest_count), a->m, a->n,
+        static_cast<typename T::ElementC*>(a->c), a->ldc, float(a->alpha), float(a->beta));
+    dcuda::check_cuda(cudaGetLastError(), "tree reduction launch");
+    return DISPATCHER_OK;
+}
+
 int run(const dispatcher_gemm_args* a) {
-    return dcuda::guarded([&] {
-        dcuda::check_args<T>(a);
-        const Layout w = layout_of(a);
-        if (a->workspace_bytes < w.bytes || !a->workspace)
-            throw dcuda::Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
-        auto* base = static_cast<char*>(a->workspace);
-        auto* partials = reinterpret_cast<float*>(base + w.partials_offset);
-        Launches l = launches_of(a, w, partials);
-        const auto stream = static_cast<cudaStream_t>(a->stream);
-        if (l.full_count) dcuda::run_gemm<PartialGemm>(l.full, base, w.cutlass_bytes, stream);
-        if (l.rest_count) dcuda::run_gemm<PartialGemm>(l.rest, base, w.cutlass_bytes, stream);
-        constexpr int kThreads = 256;
-        const int64_t blocks = std::min<int64_t>((a->m * a->n + kThreads - 1) / kThreads,
-                                                 int64_t(dcuda::multiprocessor_count(dcuda::current_device())) * 8);
-        tree_reduce<<<int(blocks), kThreads, 0, stream>>>(
-            partials, w.slice_elems, w.ldw, int(l.full_count + l.rest_count), a->m, a->n,
-            static_cast<typename T::ElementC*>(a->c), a->ldc, float(a->alpha), float(a->beta));
-        dcuda::check_cuda(cudaGetLastError(), "tree reduction launch");
-        return DISPATCHER_OK;
-    });
+    return dcuda::guarded([&] { return dcuda::staged_call<T, dcuda::PlainEpilogue>(a, run_aligned); });
 }
 }  // namespace
 
@@ -146,7 +148,7 @@ extern "C" DISPATCHER_EXPORT int dispatcher_run_gemm(const dispatcher_gemm_args*
 
 extern "C" DISPATCHER_EXPORT int64_t dispatcher_workspace_size(const dispatcher_gemm_args* args) {
     return dcuda::size_or_error([&] {
-        dcuda::check_args<T>(args);
-        return layout_of(args).bytes;
+        return dcuda::staged_workspace_bytes<T, dcuda::PlainEpilogue>(
+            args, [](const dispatcher_gemm_args* a) { return layout_of(a).bytes; });
     });
 }
