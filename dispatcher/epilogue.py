@@ -50,6 +50,8 @@ def problem_options(extras: dict) -> dict:
     if strides is None:
         return {"bias": "none"}
     row_stride, col_stride = strides
+    if row_stride == col_stride == 0:  # one value: N = 1 (a bias (1,)) reads it as a column's
+        return {"bias": "col"}
     if col_stride == 0:
         return {"bias": "row"}
     if row_stride == 0:

@@ -203,8 +203,8 @@ class Library:
         if fn not in self.symbols:
             return 0
         size = int(getattr(self._dll, fn)(ctypes.byref(args)))
-        if size < 0:
-            self.check(STATUS_ERROR)
+        if size < 0:  # the status a launch would give (-2: UnsupportedProblem)
+            self.check(size)
         return size
 
 

@@ -2,8 +2,11 @@
 
 One buffer per thread, target memory, device and stream: grown on demand,
 reused across launches, never shared by launches that may run concurrently,
-and zeroed before every launch. A buffer that is outgrown is kept, not
-freed: a CUDA graph captured with it still points at it.
+and zeroed before every launch on targets that ask for it
+(`zeroes_workspace`: cpu; a CUDA kernel clears what it needs itself, which
+spares a memset of its staged copies on every call). A buffer that is
+outgrown is kept, not freed: a CUDA graph captured with it still points at
+it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ class Workspaces(threading.local):
         self.buffers = {}
         self.outgrown = []  # kept alive for the graphs that captured them
 
-    def get(self, memory, nbytes: int, stream: int = 0) -> int:
-        """The address of `nbytes` zeroed bytes in `memory` (0 when nbytes is 0)."""
+    def get(self, memory, nbytes: int, stream: int = 0, zeroed: bool = True) -> int:
+        """The address of `nbytes` bytes in `memory`, zeroed if asked (0 when nbytes is 0)."""
         if nbytes <= 0:
             return 0
         key = (memory.name, memory.device(), stream)
@@ -28,16 +31,19 @@ class Workspaces(threading.local):
             if buf is not None:
                 self.outgrown.append(buf)
             buf = self.buffers[key] = memory.empty((nbytes,), np.uint8, stream)
-        memory.zero(buf, nbytes, stream)
+        if zeroed:
+            memory.zero(buf, nbytes, stream)
         from .library import data_pointer
         return data_pointer(buf)
 
     def attach(self, library, args, stream: int = 0) -> int:
-        """Point an ABI struct (GemmArgs or GroupedArgs) at a zeroed workspace
-        of the size the kernel asks for; returns that size."""
+        """Point an ABI struct (GemmArgs or GroupedArgs) at a workspace of
+        the size the kernel asks for (zeroed where its target says so);
+        returns that size."""
         from . import targets
         nbytes = library.workspace_size(args)
-        args.workspace = self.get(targets.get(library.config.target).memory, nbytes, stream) or None
+        target = targets.get(library.config.target)
+        args.workspace = self.get(target.memory, nbytes, stream, target.zeroes_workspace) or None
         args.workspace_bytes = nbytes
         return nbytes
 

@@ -141,6 +141,7 @@ class CpuTarget:
 
     name: str = "cpu"
     pads = False  # its kernels read operands at any alignment
+    zeroes_workspace = True  # its stream-K kernels add partials into a zeroed workspace
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
                "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "

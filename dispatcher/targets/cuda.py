@@ -117,6 +117,9 @@ class Toolchain(CompilerMixin):
 class CudaTarget:
     name: str = "cuda"
     pads = True  # its kernels stage operands that break TMA's 16-byte rule (native/cuda/staging.hpp)
+    # No memset before a launch: CUTLASS's initialize_workspace clears what its
+    # schedulers need, and the staged copies and tree partials are written whole.
+    zeroes_workspace = False
     options: tuple = (
         Option("cluster_m", 2, "thread-block cluster extent along M", choices=(1, 2, 4)),
         Option("cluster_n", 1, "thread-block cluster extent along N", choices=(1, 2, 4)),

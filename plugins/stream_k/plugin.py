@@ -147,6 +147,6 @@ def dispatcher_codegen(config, target):
 def dispatcher_launch(library, problem, operands, options):
     workers, stream = options.get("workers", 0), options.get("stream", 0)
     args = gemm_args(operands, workers=workers, stream=stream)
-    nbytes = WORKSPACES.attach(library, args, stream)  # grown on demand, zeroed
+    nbytes = WORKSPACES.attach(library, args, stream)  # grown on demand, zeroed on cpu
     library.run_gemm(args)  # direct call: no registry table
     return LaunchResult(library.name, workspace_bytes=nbytes)

@@ -205,7 +205,8 @@ void apply_abi2(typename Gemm::Arguments& arguments, const dispatcher_gemm_args*
         if (a->extra_count < 1 || !a->extra || !a->extra[0].data)
             throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
         const dispatcher_operand& bias = a->extra[0];
-        if ((Epi::bias == Bias::row ? bias.row_stride : bias.col_stride) != 1)
+        const int64_t length = Epi::bias == Bias::row ? a->m : a->n;  // one value: any stride reads it
+        if (length > 1 && (Epi::bias == Bias::row ? bias.row_stride : bias.col_stride) != 1)
             throw Failure(DISPATCHER_UNSUPPORTED, "the CUDA bias epilogue reads a contiguous bias vector");
         arguments.epilogue.thread.bias_ptr = static_cast<const typename T::ElementC*>(bias.data);
         cute::get<2>(arguments.epilogue.thread.dBias) = bias.batch_stride;
@@ -350,9 +351,9 @@ int staged_call(const dispatcher_gemm_args* a, Body&& body) {
         throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size() (operands that "
                                         "break TMA's 16-byte rule are staged in the workspace)");
     const dispatcher_gemm_args staged = s.bound(a->workspace);
-    for (int i = 0; i < s.moves_in; ++i) check_cuda(copy(s.in[i], stream), "staging an operand");
+    check_cuda(copy(s.in, s.moves_in, stream), "staging the operands");
     const int status = body(&staged);
-    if (status == DISPATCHER_OK && s.copy_out) check_cuda(copy(s.out, stream), "copying the staged result");
+    if (status == DISPATCHER_OK && s.copy_out) check_cuda(copy(&s.out, 1, stream), "copying the staged result");
     return status;
 }
 
@@ -384,11 +385,16 @@ int guarded(Body&& body) {
     });
 }
 
-// A size query that must not throw across the C ABI: -1 and the last error.
+// A size query that must not throw across the C ABI: a negative status
+// (-2: a problem the kernel cannot run, as the launch would say; else -1)
+// and the last error.
 template <class Body>
 int64_t size_or_error(Body&& body) {
     try {
         return body();
+    } catch (const Failure& f) {
+        dispatcher_abi::last_error() = f.what();
+        return f.status;
     } catch (const std::exception& e) {
         dispatcher_abi::last_error() = e.what();
         return -1;

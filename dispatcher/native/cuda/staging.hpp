@@ -4,9 +4,9 @@
 // contiguous extent in multiples of 16 bytes (CUTLASS's can_implement checks
 // the same); odd sizes (K = 777 in bf16) and views at odd offsets break it.
 // Such a call runs on zero-padded copies in the call's workspace: one copy
-// kernel per staged operand, the GEMM on the padded problem, one copy of the
-// padded result back into C. Zero rows and columns of K add nothing, and the
-// padded rows and columns of D are dropped. Everything is queued on the
+// launch for every staged input, the GEMM on the padded problem, one copy of
+// the padded result back into C. Zero rows and columns of K add nothing, and
+// the padded rows and columns of D are dropped. Everything is queued on the
 // call's stream, so it can be captured in a CUDA graph like the GEMM itself,
 // and the Python side needs nothing but the workspace size it asks for.
 #pragma once
@@ -143,11 +143,13 @@ Staging staging_of(const dispatcher_gemm_args* a) {
         if (a->extra_count > 0 && a->extra && a->extra[0].data) {
             s.bias = a->extra[0];
             const int64_t len = BiasAlongM ? m : n, lenp = BiasAlongM ? mp : np;
-            const int64_t stride = BiasAlongM ? s.bias.row_stride : s.bias.col_stride;
-            if (stride == 1 && (lenp != len || off(s.bias.data, 0, s.bias.batch_stride, alC))) {
+            int64_t& stride = BiasAlongM ? s.bias.row_stride : s.bias.col_stride;
+            // A bias of one value is contiguous whatever its stride (a broadcast one has 0).
+            if ((stride == 1 || len == 1) && (lenp != len || off(s.bias.data, 0, s.bias.batch_stride, alC))) {
                 const Stored from{s.bias.data, 1, len, len, s.bias.batch_stride};
                 const Stored to = s.place(from, 1, lenp, batch, sizeof(EC), true);
                 s.bias.data = to.data, s.bias.batch_stride = to.batch_stride, s.staged_bias = true;
+                stride = 1;
             }
         }
     }
@@ -158,39 +160,51 @@ Staging staging_of(const dispatcher_gemm_args* a) {
 // The copies themselves (nvcc only: the plan above is plain C++, which the
 // CPU tests compile to check it).
 #ifdef __CUDACC__
+// Up to four moves in one launch (blockIdx.z picks the move): every staged
+// input of a call costs one kernel launch together.
+struct Moves {
+    Move move[4];
+};
+
 template <class Word>
-__global__ void copy_padded(const Word* src, int64_t s_outer, int64_t s_inner, int64_t s_ld, int64_t s_bs,
-                            Word* dst, int64_t outer, int64_t inner, int64_t ld, int64_t bs, int64_t lines) {
-    for (int64_t line = blockIdx.y; line < lines; line += gridDim.y) {
-        const int64_t b = line / outer, i = line - b * outer;
-        const Word* from = src + b * s_bs + i * s_ld;
-        Word* to = dst + b * bs + i * ld;
-        for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < inner;
+__device__ void copy_lines(const Move& m) {
+    const Word* src = static_cast<const Word*>(m.from.data);
+    Word* dst = static_cast<Word*>(const_cast<void*>(m.to.data));
+    for (int64_t line = blockIdx.y; line < m.batch * m.to.outer; line += gridDim.y) {
+        const int64_t b = line / m.to.outer, i = line - b * m.to.outer;
+        const Word* from = src + b * m.from.batch_stride + i * m.from.ld;
+        Word* to = dst + b * m.to.batch_stride + i * m.to.ld;
+        for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < m.to.inner;
              j += int64_t(gridDim.x) * blockDim.x)
-            to[j] = (i < s_outer && j < s_inner) ? from[j] : Word(0);
+            to[j] = (i < m.from.outer && j < m.from.inner) ? from[j] : Word(0);
     }
 }
 
-template <class Word>
-cudaError_t launch_copy(const Move& m, cudaStream_t stream) {
-    const int64_t lines = m.batch * m.to.outer;
+__global__ void copy_padded(Moves moves) {
+    const Move& m = moves.move[blockIdx.z];
+    switch (m.bytes) {  // the same for the whole block
+        case 1: copy_lines<uint8_t>(m); break;
+        case 2: copy_lines<uint16_t>(m); break;
+        case 4: copy_lines<uint32_t>(m); break;
+        default: copy_lines<uint64_t>(m); break;
+    }
+}
+
+// Queue the copies `move[0, count)` on `stream` as one launch.
+inline cudaError_t copy(const Move* move, int count, cudaStream_t stream) {
+    if (count < 1) return cudaSuccess;
+    Moves moves{};
+    int64_t inner = 1, lines = 1;
+    for (int i = 0; i < count; ++i) {
+        moves.move[i] = move[i];
+        inner = std::max(inner, move[i].to.inner);
+        lines = std::max(lines, move[i].batch * move[i].to.outer);
+    }
     const unsigned threads = 256;
-    const dim3 grid(unsigned(std::min<int64_t>((m.to.inner + threads - 1) / threads, 64)),
-                    unsigned(std::min<int64_t>(lines, 65535)));
-    copy_padded<Word><<<grid, threads, 0, stream>>>(
-        static_cast<const Word*>(m.from.data), m.from.outer, m.from.inner, m.from.ld, m.from.batch_stride,
-        static_cast<Word*>(const_cast<void*>(m.to.data)), m.to.outer, m.to.inner, m.to.ld, m.to.batch_stride,
-        lines);
+    const dim3 grid(unsigned(std::min<int64_t>((inner + threads - 1) / threads, 64)),
+                    unsigned(std::min<int64_t>(lines, 65535)), unsigned(count));
+    copy_padded<<<grid, threads, 0, stream>>>(moves);
     return cudaGetLastError();
-}
-
-inline cudaError_t copy(const Move& m, cudaStream_t stream) {
-    switch (m.bytes) {
-        case 1: return launch_copy<uint8_t>(m, stream);
-        case 2: return launch_copy<uint16_t>(m, stream);
-        case 4: return launch_copy<uint32_t>(m, stream);
-        default: return launch_copy<uint64_t>(m, stream);
-    }
 }
 
 #endif  // __CUDACC__
