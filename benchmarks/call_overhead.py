@@ -3,7 +3,10 @@
 Every figure is a median over `--repeat` rounds; each round times a loop of
 `--calls` back-to-back calls, then one synchronize (GPU), divided by the
 call count: the host work per call where the kernel is small, the kernel
-where it is not. Baselines are measured in the same run.
+where it is not. Baselines are measured in the same run. On the GPU each
+row also reports the host time per call (the loop before its synchronize)
+and the GPU time per call (the calls captured in a CUDA graph and
+replayed), so it says which of the two limits the call.
 
 Parts (`--only`):
   cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
@@ -43,16 +46,56 @@ import dispatcher  # noqa: E402
 
 def per_call(fn, calls: int, repeat: int, sync=lambda: None) -> float:
     """Median over `repeat` rounds of (a loop of `calls` calls, then sync) / calls, in us."""
+    return per_call_and_host(fn, calls, repeat, sync)[0]
+
+
+def per_call_and_host(fn, calls: int, repeat: int, sync=lambda: None) -> tuple:
+    """(per call, host per call) in us, medians over `repeat` rounds: the
+    loop of `calls` calls then sync, and the loop alone (what issuing the
+    calls costs the CPU while the GPU queue takes them)."""
     fn()
     sync()
-    rounds = []
+    rounds, host = [], []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
+        issued = time.perf_counter()
         sync()
         rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return float(np.median(rounds))
+        host.append((issued - start) / calls * 1e6)
+    return float(np.median(rounds)), float(np.median(host))
+
+
+def gpu_per_call(fn, calls: int, repeat: int):
+    """GPU time per call in us: `calls` calls captured in one CUDA graph,
+    replayed between CUDA events (no host work), median of `repeat`
+    replays; None where the call cannot be captured."""
+    import torch
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm on the capture stream (selection, workspaces)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except Exception:  # noqa: BLE001 - a call that cannot be captured reports no GPU time
+        torch.cuda.synchronize()
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3 / calls)
+    return float(np.median(times))
 
 
 def cpu_call(args) -> dict:
@@ -143,15 +186,24 @@ def gpu_call(args) -> dict:
     sync = torch.cuda.synchronize
     out = {}
 
-    def compare(name, ours: dict, theirs, calls=args.calls):
-        base = per_call(theirs, calls, args.repeat, sync)
-        row = {"baseline_us": base}
-        for label, fn in ours.items():
-            row[label + "_us"] = per_call(fn, calls, args.repeat, sync)
+    def compare(name, ours: dict, theirs, calls=args.calls, capture=True):
+        """Per call (the figure), and beside it host time per call and GPU
+        time per call (CUDA-graphed, where `capture`): the larger of the
+        two is what limits a loop of back-to-back calls."""
+        row = {}
+        for label, fn in (("baseline", theirs), *ours.items()):
+            row[label + "_us"], row[label + "_host_us"] = per_call_and_host(fn, calls, args.repeat, sync)
+            row[label + "_gpu_us"] = gpu_per_call(fn, min(calls, 50), args.repeat) if capture else None
+        base = row["baseline_us"]
+        for label in ours:
             row[label + "_ratio"] = row[label + "_us"] / base
         out[name] = row
-        print(f"{name}: baseline {base:.1f} us; " +
-              ", ".join(f"{k} {row[k + '_us']:.1f} us ({row[k + '_ratio']:.2f}x)" for k in ours))
+
+        def detail(label):
+            gpu = row[label + "_gpu_us"]
+            return f"host {row[label + '_host_us']:.1f}" + (f", gpu {gpu:.1f}" if gpu is not None else "")
+        print(f"{name}: baseline {base:.1f} us ({detail('baseline')}); " +
+              ", ".join(f"{k} {row[k + '_us']:.1f} us ({row[k + '_ratio']:.2f}x; {detail(k)})" for k in ours))
 
     a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
     b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
@@ -164,7 +216,7 @@ def gpu_call(args) -> dict:
     compare("Linear forward 256", {"dispatcher.torch.Linear": lambda: ours(x)}, lambda: ref(x))
     xg = x.clone().requires_grad_(True)
     compare("Linear forward+backward 256", {"dispatcher.torch.Linear": lambda: ours(xg).sum().backward()},
-            lambda: ref(xg).sum().backward(), calls=max(args.calls // 4, 10))
+            lambda: ref(xg).sum().backward(), calls=max(args.calls // 4, 10), capture=False)
     for bsz, m, n, k in ((48, 384, 640, 128), (16, 1024, 1024, 512), (4, 2048, 3072, 1024)):
         p = torch.randn(bsz, m, k, device=dev, dtype=torch.bfloat16)
         q = torch.randn(bsz, k, n, device=dev, dtype=torch.bfloat16)

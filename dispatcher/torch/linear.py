@@ -41,7 +41,8 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        flat = x.dim() == 2
+        rows = x if flat else x.reshape(-1, self.in_features)
         if self.bias is None or not _fuses_bias(self.variant):
             y = gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
             if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
@@ -49,7 +50,7 @@ class Linear(torch.nn.Linear):
         else:  # the bias in the kernel's epilogue
             y = linear(rows, self.weight, self.bias, variant=self.variant, config=self.config,
                        autotune=self.autotune)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, variant={self.variant!r}, config={self.config!r}, "
