@@ -28,6 +28,7 @@ from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
 from .library import bound_gemm_args, data_pointer, gemm_args
 from .problem import ArraySpec, _integer_output_scalars
+from .workspace import WORKSPACES
 
 
 def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target: str, needs_c: bool,
@@ -149,7 +150,7 @@ class Plan(_Launches):
         self.record, self.layout = record, layout
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
-        self._direct = None  # (entry point, argument template, library) of a standard GEMM launch
+        self._direct = None  # (entry point, argument template, library, workspace bytes) of a standard GEMM launch
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
         self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
@@ -186,9 +187,11 @@ class Plan(_Launches):
                 self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
             result = first.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
             pointer = _tensor_pointer
-        entry, template, library = self._direct
+        entry, template, library, nbytes = self._direct
         args = bound_gemm_args(template, [pointer(result if name is None else arrays[name]) for name in self._slots],
                                core, values)
+        if nbytes:
+            self._attach_workspace(args, nbytes)
         status = entry(args)
         if status:
             library.check(status)
@@ -248,28 +251,37 @@ class Plan(_Launches):
         the bound hook implementation."""
         direct = self._direct
         if direct is not None and self.generation == self.dispatcher.manager.generation:
-            entry, template, library = direct
-            library.check(entry(bound_gemm_args(template, self._pointers(arrays, result), core, params)))
+            entry, template, library, nbytes = direct
+            args = bound_gemm_args(template, self._pointers(arrays, result), core, params)
+            if nbytes:
+                self._attach_workspace(args, nbytes)
+            library.check(entry(args))
             return
         for block in kinds.bind(self.layout, self._pointers(arrays, result), core, params):
             self.launch(block)
 
     def _choose(self, block):
         """The first launch (see `_Launches`), then, for a standard GEMM
-        launch of one block that needs no workspace (the kernel stages no
-        operand: the signature holds the alignment class, so no later call
-        of the plan needs one either), the kernel's entry point and the
-        argument block to copy for each call."""
+        launch of one block, the kernel's entry point, the argument block
+        to copy for each call and the workspace bytes it asks for (the
+        signature holds everything they depend on: shapes, strides,
+        options and the alignment class, which decides what a CUDA kernel
+        stages)."""
         super()._choose(block)
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
         if direct is not None and not self.layout.outer_dims:
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
-            if library.workspace_size(template) == 0:
-                self._direct = (direct(library), template, library)
+            self._direct = (direct(library), template, library, library.workspace_size(template))
         out = self.names.get("out")
         self._slots = tuple(None if name == out else name for name in self.layout.names)  # None: the result
+
+    def _attach_workspace(self, args, nbytes: int):
+        """What `launches_gemm` does before its launch: the call's workspace."""
+        args.workspace = WORKSPACES.get(self.target.memory, nbytes, self.options.get("stream", 0),
+                                        self.target.zeroes_workspace)
+        args.workspace_bytes = nbytes
 
     def _empty_product(self, result, beta: float, params: tuple, memory, allocate):
         """K = 0: C = beta * C, with nothing added. On the host in float64

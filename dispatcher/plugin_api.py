@@ -88,7 +88,7 @@ def launches_gemm(variant: str, registry: bool = False):
         library.run_gemm(args, entry_point(library))
         return LaunchResult(library.name, workspace_bytes=nbytes)
     # A plan that binds this launch may call the entry point itself with the
-    # same argument block (`dispatcher.plans`): it does nothing else.
+    # same argument block and workspace (`dispatcher.plans`): it does nothing else.
     dispatcher_launch.direct_gemm = entry_point
     return dispatcher_launch
 
