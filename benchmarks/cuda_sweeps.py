@@ -139,4 +139,20 @@ def overhead_configs() -> list:
     return selected("regular", plain + fused) + selected("batched", batched)
 
 
+def torch_test_configs() -> list:
+    """What tests/test_torch_gpu.py's MLP (256 -> 512 -> 256 -> 1, 512
+    tokens, bias) selects beyond the catalogs: each layer's forward (x @
+    weight.t() + bias), dX (dy @ weight) and dW (dy.t() @ x), the last
+    layer's N = 1 included."""
+    row = lambda m, n: ((m, n), (n if m > 1 else 1, 1), "bf16")  # noqa: E731
+    col = lambda m, n: ((m, n), (1, m if n > 1 else 1), "bf16")  # noqa: E731
+    tokens, calls = 512, []
+    for fan_in, fan_out in ((256, 512), (512, 256), (256, 1)):
+        calls += [({"a": row(tokens, fan_in), "b": col(fan_in, fan_out), "bias": ((fan_out,), (1,), "bf16")}, {}),
+                  ({"a": row(tokens, fan_out), "b": row(fan_out, fan_in)}, {}),
+                  ({"a": col(fan_out, tokens), "b": row(tokens, fan_in)}, {})]
+    return selected("regular", calls)
+
+
 SETS["overhead"] = overhead_configs
+SETS["torch"] = lambda: torch_configs() + torch_test_configs()

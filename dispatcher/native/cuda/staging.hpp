@@ -166,17 +166,33 @@ struct Moves {
     Move move[4];
 };
 
+// Lines of `m`: a staged copy's lines are 16-byte aligned (its pitch and
+// extent are padded to 16 bytes), so each thread gathers 16 bytes of
+// elements and stores them at once; other destinations (C copied back) are
+// written element by element.
 template <class Word>
 __device__ void copy_lines(const Move& m) {
+    constexpr int kPer = 16 / sizeof(Word);
     const Word* src = static_cast<const Word*>(m.from.data);
     Word* dst = static_cast<Word*>(const_cast<void*>(m.to.data));
+    const bool whole = ((reinterpret_cast<uintptr_t>(dst) | uintptr_t(m.to.ld * sizeof(Word)) |
+                         uintptr_t(m.to.batch_stride * sizeof(Word)) | uintptr_t(m.to.inner * sizeof(Word))) & 15) == 0;
+    const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
     for (int64_t line = blockIdx.y; line < m.batch * m.to.outer; line += gridDim.y) {
         const int64_t b = line / m.to.outer, i = line - b * m.to.outer;
         const Word* from = src + b * m.from.batch_stride + i * m.from.ld;
         Word* to = dst + b * m.to.batch_stride + i * m.to.ld;
-        for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < m.to.inner;
-             j += int64_t(gridDim.x) * blockDim.x)
-            to[j] = (i < m.from.outer && j < m.from.inner) ? from[j] : Word(0);
+        const int64_t have = i < m.from.outer ? m.from.inner : 0;  // source elements on this line
+        if (whole) {
+            for (int64_t c = first; c < m.to.inner / kPer; c += step) {
+                alignas(16) Word chunk[kPer];
+#pragma unroll
+                for (int e = 0; e < kPer; ++e) chunk[e] = c * kPer + e < have ? from[c * kPer + e] : Word(0);
+                reinterpret_cast<uint4*>(to)[c] = *reinterpret_cast<const uint4*>(chunk);
+            }
+        } else {
+            for (int64_t j = first; j < m.to.inner; j += step) to[j] = j < have ? from[j] : Word(0);
+        }
     }
 }
 
