@@ -10,8 +10,17 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
     """A fresh build cache per run, or $DISPATCHER_TEST_CACHE_DIR (e.g. kernels
-    built ahead for a GPU machine by benchmarks/build_cuda.py)."""
-    root = os.environ.get("DISPATCHER_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache")
+    built ahead for a GPU machine by benchmarks/build_cuda.py). Under
+    pytest-xdist the workers of one run share one cache (the cache takes
+    concurrent builders: per-key locks, atomic renames), so a kernel is
+    built once per run, not once per worker."""
+    root = os.environ.get("DISPATCHER_TEST_CACHE_DIR")
+    if not root and os.environ.get("PYTEST_XDIST_WORKER"):
+        # each worker's basetemp is <run's folder>/popen-gwN: the run's folder is shared
+        root = tmp_path_factory.getbasetemp().parent / "cache"
+        root.mkdir(exist_ok=True)
+    elif not root:
+        root = tmp_path_factory.mktemp("cache")
     old = os.environ.get("DISPATCHER_CACHE_DIR")
     os.environ["DISPATCHER_CACHE_DIR"] = str(root)
     yield root
