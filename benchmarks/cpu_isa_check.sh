@@ -9,7 +9,7 @@
 # tests: tests/test_cpu_dot_kernels.py and test_cpu_isa.py (every micro-kernel
 #   this machine runs, each with its own ISA spec, in every variant; those it
 #   cannot run skip with the reason) and the parity tests (-m parity: every
-#   variant x dtype x layout) under the default ISA spec and under every other
+#   variant x dtype x layout, the whole product: the fast suite runs a Latin square of it) under the default ISA spec and under every other
 #   DISPATCHER_CPU_ISA setting of this machine (`cpu_isa.parity_settings()`:
 #   each extension off, each other base ISA), all at once, one pytest per test
 #   file and setting, sharing one build cache (a kernel a setting does not
@@ -61,22 +61,24 @@ tests() {
   # threads each, sleeping when idle.
   export DISPATCHER_TEST_CACHE_DIR=$OUT/isa_tests/cache OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive
   local files settings setting file name code note pids=() names=() status=0
-  files=$(grep -l "mark.parity" tests/test_*.py)
+  files=$(grep -lE "mark.parity|parity_grid\(" tests/test_*.py)
   settings="default $(python3 -c 'from dispatcher.targets import cpu_isa; print(*cpu_isa.parity_settings())')"
   # -m "not gpu": the micro-kernel tests are marked `kernels`, which the
   # default addopts deselect (without it none of them ran: "51 deselected");
   # four xdist workers where pytest-xdist is installed (many builds).
+  # -o addopts=: not pyproject's "-n auto" (these runs pick their own
+  # workers, and -n is unknown where pytest-xdist is not installed).
   python3 -c "import xdist" 2>/dev/null && xdist="-n 4" || xdist=""
-  env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q -rs -p no:cacheprovider -m "not gpu" \
+  env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q -rs -p no:cacheprovider -o addopts= -m "not gpu" \
     $xdist tests/test_cpu_dot_kernels.py tests/test_cpu_isa.py > "$OUT/isa_tests/micro_kernels.log" 2>&1 &
   pids+=($!) names+=(micro_kernels)
   for setting in $settings; do
     for file in $files; do
       name=$setting.$(basename "$file" .py)
       if [ "$setting" = default ]; then env -u DISPATCHER_CPU_ISA timeout $TESTS_TIMEOUT python3 -m pytest -q \
-          -m "parity and not gpu" -p no:cacheprovider "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
+          -m "parity and not gpu" -p no:cacheprovider -o addopts= "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
       else DISPATCHER_CPU_ISA=$setting timeout $TESTS_TIMEOUT python3 -m pytest -q -m "parity and not gpu" \
-          -p no:cacheprovider "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
+          -p no:cacheprovider -o addopts= "$file" > "$OUT/isa_tests/$name.log" 2>&1 &
       fi
       pids+=($!) names+=("$name")
     done

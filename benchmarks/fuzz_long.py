@@ -156,7 +156,8 @@ def main(argv=None) -> int:
             while pending and len([r for r in runs if r["proc"].poll() is None]) < args.jobs:
                 i, test = pending.pop(0)
                 stats, junit, log = tmp / f"stats{i}.json", tmp / f"junit{i}.xml", tmp / f"log{i}.txt"
-                cmd = [sys.executable, "-m", "pytest", test, "-m", "", "-q", "-p", "no:cacheprovider",
+                # -o addopts=: one process per job, not pyproject's -n auto workers each
+                cmd = [sys.executable, "-m", "pytest", test, "-m", "", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
                        "-W", "ignore::DeprecationWarning", f"--hypothesis-seed={seed + i}",
                        f"--junitxml={junit}"]
                 print(f"running {test} (seed {seed + i})", flush=True)

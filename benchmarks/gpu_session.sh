@@ -29,14 +29,14 @@ for step in "$@"; do
     build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set ${BUILD_SET:-all} --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
     pack) tar -cJf $OUT/cache.tar.xz -C $R/.gpucache kernels && ls -la $OUT/cache.tar.xz ;;
     unpack) mkdir -p $R/.gpucache && tar -xJf $R/.carry/pack/cache.tar.xz -C $R/.gpucache ;;
-    test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
+    test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
     bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;
     # dispatcher.torch (issue 16): the kernels its GPU tests and MLP benchmark select, the tests, the benchmark
     torchbuild) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set torch --jobs $(nproc) 2>&1 | tail -5 | tee $OUT/torch_build.log ;;
-    torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
+    torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
              | tee $OUT/torch_gpu_tests.log | tail -25 ;;
-    batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
+    batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
              | tee $OUT/batched_gpu_tests.log | tail -25 ;;
     # where a call's host time goes (cProfile of gemm, a held plan, dispatcher.torch.gemm)
     profile) timeout 200 python3 benchmarks/profile_call.py > $OUT/profile_call.log 2>&1; tail -5 $OUT/profile_call.log ;;

@@ -10,8 +10,17 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
     """A fresh build cache per run, or $DISPATCHER_TEST_CACHE_DIR (e.g. kernels
-    built ahead for a GPU machine by benchmarks/build_cuda.py)."""
-    root = os.environ.get("DISPATCHER_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache")
+    built ahead for a GPU machine by benchmarks/build_cuda.py). Under
+    pytest-xdist the workers of one run share one cache (the cache takes
+    concurrent builders: per-key locks, atomic renames), so a kernel is
+    built once per run, not once per worker."""
+    root = os.environ.get("DISPATCHER_TEST_CACHE_DIR")
+    if not root and os.environ.get("PYTEST_XDIST_WORKER"):
+        # each worker's basetemp is <run's folder>/popen-gwN: the run's folder is shared
+        root = tmp_path_factory.getbasetemp().parent / "cache"
+        root.mkdir(exist_ok=True)
+    elif not root:
+        root = tmp_path_factory.mktemp("cache")
     old = os.environ.get("DISPATCHER_CACHE_DIR")
     os.environ["DISPATCHER_CACHE_DIR"] = str(root)
     yield root
@@ -108,3 +117,29 @@ def assert_each_measured_once(rows, before, count: int):
     assert len(keys) == len(set(keys)) == count
     assert rows[:len(before)] == before
     assert all(r["status"] == "ok" for r in rows), [r for r in rows if r["status"] != "ok"]
+
+
+# ------------------------------------------------------------ parity grid
+# The parity tests check every variant x dtype x layout against the float64
+# reference. The fast suite runs a Latin square of that product: variant v
+# runs dtype d with layout (d + v) mod (number of layouts), so every variant
+# sees every dtype and every layout, and across the variants every dtype
+# meets every layout (each pair of factors is covered). The other cells of
+# the product are marked slow too: `-m "parity and not slow"` selects the
+# square, `-m parity` the whole product, `-m slow` runs what the fast suite left out.
+PARITY_VARIANTS = ("regular", "stream_k linear", "stream_k tree", "grouped")
+
+
+def parity_grid(variant, dtypes, layouts, offset=None):
+    """pytest params (dtype, layout) for `variant`'s parity test over
+    dtypes x layouts: the Latin-square cells marked parity, the rest parity
+    and slow. `offset`: the square's row shift, by default the variant's
+    index in PARITY_VARIANTS (required for a test outside them)."""
+    shift = PARITY_VARIANTS.index(variant) if offset is None else offset
+    params = []
+    for d, dtype in enumerate(dtypes):
+        for i, layout in enumerate(layouts):
+            fast = (d + shift) % len(layouts) == i
+            marks = [pytest.mark.parity] + ([] if fast else [pytest.mark.slow])
+            params.append(pytest.param(dtype, layout, marks=marks, id=f"{dtype}-{layout}"))
+    return params

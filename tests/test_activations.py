@@ -102,7 +102,7 @@ def test_scan_of_598_million_inputs_within_four_ulps(isa, tmp_path):
     spec = cpu_isa.get(isa)
     scan = tmp_path / "activation_scan"
     subprocess.run([Toolchain.find(isa).compiler, "-O3", *spec.march, "-fopenmp", "-std=c++17",
-                    f"-DVEC_BYTES={spec.vector_bytes}", f"-I{NATIVE_DIR}",
+                    f"-DVEC_BYTES={spec.isa.vector_bytes}", f"-I{NATIVE_DIR}",
                     str(Path(__file__).parent / "native" / "activation_scan.cpp"), "-o", str(scan)],
                    check=True, timeout=300)
     lines = subprocess.run([str(scan)], check=True, capture_output=True, text=True,

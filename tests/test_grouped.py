@@ -7,6 +7,8 @@ import dispatcher
 from dispatcher import dtypes, errors
 from dispatcher.verify import max_rel, random_matrix, reference
 
+from conftest import parity_grid  # noqa: E402
+
 SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 
 
@@ -19,9 +21,7 @@ def groups(shapes, dtype, layout, rng):
 MIXED = [(37, 53, 71), (0, 64, 32), (1, 1, 1), (130, 9, 200), (64, 128, 64)]
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("layout", ["rc", "rr", "cr", "cc"])
-@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+@pytest.mark.parametrize("dtype, layout", parity_grid("grouped", dtypes.INPUT_TOKENS, ["rc", "rr", "cr", "cc"]))
 def test_mixed_shapes_every_dtype(dtype, layout, rng):
     As, Bs = groups(MIXED, dtype, layout, rng)
     outs = dispatcher.grouped_gemm(As, Bs, config=SMALL)

@@ -1,4 +1,5 @@
-"""Regular GEMM on the CPU: every dtype x layout against a float64 reference."""
+"""Regular GEMM on the CPU: every dtype x layout against a float64 reference
+(the fast suite runs a Latin square of it: see conftest.parity_grid)."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,8 @@ import pytest
 import dispatcher
 from dispatcher import dtypes
 from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
+
+from conftest import parity_grid  # noqa: E402
 
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
 # Small tiles so that these shapes cover several blocks, partial edge blocks
@@ -21,9 +24,7 @@ def run_checked(a, b, variant="regular", config=SMALL, **kw):
     return out
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+@pytest.mark.parametrize("dtype, layout", parity_grid("regular", dtypes.INPUT_TOKENS, LAYOUTS))
 def test_every_dtype_and_layout(dtype, layout, rng):
     for m, n, k in SHAPES:
         a = random_matrix(m, k, dtype, layout[0], rng)

@@ -7,10 +7,13 @@ import dispatcher
 from dispatcher import dtypes, errors
 from dispatcher.verify import max_rel, poison, random_matrix, reference, tolerance
 
+from conftest import parity_grid  # noqa: E402
+
 # 1 tile wide, 8 K-iterations deep on most shapes below: every worker gets a
 # share of a tile, so partial tiles and the fix-up are exercised.
 SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 SHAPES = [(23, 61, 257), (50, 130, 100), (1, 1, 70)]
+LAYOUTS = ("rcr", "rrr", "crr", "ccr")
 
 
 def run(a, b, workers=2, strict=True, **config):
@@ -32,16 +35,12 @@ def check(dtype, layout, rng, **config):
         assert max_rel(out, reference(a, b)) <= tolerance(cfg, k), (dtype, layout, (m, n, k))
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
-@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+@pytest.mark.parametrize("dtype, layout", parity_grid("stream_k linear", dtypes.INPUT_TOKENS, LAYOUTS))
 def test_linear_every_dtype_and_layout(dtype, layout, rng):
     check(dtype, layout, rng, reduction="linear", decomposition="stream_k")
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
-@pytest.mark.parametrize("dtype", dtypes.INPUT_TOKENS)
+@pytest.mark.parametrize("dtype, layout", parity_grid("stream_k tree", dtypes.INPUT_TOKENS, LAYOUTS))
 def test_tree_every_dtype_and_layout(dtype, layout, rng):
     check(dtype, layout, rng, reduction="tree", decomposition="stream_k")
 
@@ -64,9 +63,7 @@ def test_tree_with_many_partials(shape, workers, dtype, rng):
     assert max_rel(out, reference(a, b)) <= limit, (shape, workers, dtype)
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("layout", ["rcr", "ccr"])
-@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("dtype, layout", parity_grid("stream_k atomic", ["fp32", "int8"], ["rcr", "ccr"], offset=0))
 def test_atomic(dtype, layout, rng):
     check(dtype, layout, rng, reduction="atomic", decomposition="stream_k")
 

@@ -229,7 +229,10 @@ def test_a_sweep_killed_while_building_leaves_no_process(tmp_path):
         _kill_session(proc)
 
 
-def test_cpu_fake_device_list_merges_results(tmp_path):
+def test_cpu_fake_device_list_merges_results(tmp_path, monkeypatch):
+    # a cache of its own: the check below that a refused sweep built nothing
+    # must not see kernels other tests (other xdist workers) add meanwhile
+    monkeypatch.setenv("DISPATCHER_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "out"
     proc = sweep_cli(tmp_path, {"tile_m": {"values": [12, 24, 36]}, "tile_n": {"values": [32, 64]},
                                 "tile_k": {"values": [32]}},
