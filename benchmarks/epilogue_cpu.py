@@ -13,10 +13,14 @@ plain GEMMs (our default kernel, `np.matmul`) are timed with them, so the
 share of the activation is visible. Inputs are scaled so the
 pre-activations are about N(0, 1), where the activations do real work.
 
-Every contender of a size is timed in alternating rounds in one run
-(common.time_interleaved), medians; the ratio is numpy's time over ours
-(target >= 1.0 at every size). Each fused result is checked against a
-float64 reference of the same definition first. Writes
+Each library is timed twice: alone (ours and numpy each in a process of
+their own, so neither's worker threads share the cores with the other's)
+and alternating (every contender in one process, as user code mixes
+them). Within a process the contenders of a size are timed in alternating
+rounds (common.time_interleaved), medians; the ratio is numpy's time over
+ours, alone and alternating (target >= 1.0 at every size, alone). Each
+fused result is checked against a float64 reference of the same
+definition first. Writes
 benchmarks/results/epilogue_cpu.json (machine, ISA, versions, command, load
 average before and after) and, where matplotlib is installed, a .png.
 """
@@ -24,8 +28,10 @@ average before and after) and, where matplotlib is installed, a .png.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import subprocess
 import sys
 from importlib import metadata
 
@@ -69,7 +75,13 @@ def reference(a, b, bias, name: str, erf) -> np.ndarray:
     return y
 
 
-def measure(size: int, activations, timing: TimingOptions, erf, rng) -> list:
+SIDES = ("ours", "numpy")
+
+
+def measure(size: int, activations, timing: TimingOptions, erf, rng, sides=SIDES) -> dict:
+    """{contender: median seconds} at size^3 of `sides`' contenders: ours
+    (dispatcher_matmul, fused_<act>), numpy's (numpy_matmul, unfused_<act>);
+    with ours, each fused result's max_rel_<act> against float64."""
     m = n = k = size
     a = (rng.standard_normal((m, k)) / math.sqrt(k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -86,33 +98,61 @@ def measure(size: int, activations, timing: TimingOptions, erf, rng) -> list:
             act(theirs, scratch)
         return run
 
-    contenders = {"dispatcher_matmul": lambda: dispatcher.matmul(a, b, out=plain),
-                  "numpy_matmul": lambda: np.matmul(a, b, out=plain)}
+    contenders = {}
+    if "ours" in sides:
+        contenders["dispatcher_matmul"] = lambda: dispatcher.matmul(a, b, out=plain)
+    if "numpy" in sides:
+        contenders["numpy_matmul"] = lambda: np.matmul(a, b, out=plain)
     errors = {}
     with np.errstate(over="ignore"):
         for name in activations:
-            call = (lambda name: lambda: dispatcher.matmul(a, b, bias=bias, activation=name,
-                                                           out=fused[name]))(name)
-            call()  # builds and selects once
-            errors[name] = max_rel(fused[name], reference(a, b, bias, name, erf))
-            limit = dtypes.relative_tolerance("fp32", k)
-            if errors[name] > limit:
-                raise SystemExit(f"{size}^3 {name}: max_rel {errors[name]:.3g} > {limit:.3g}")
-            contenders[f"fused_{name}"] = call
-            contenders[f"unfused_{name}"] = unfused(name)
-        times = time_interleaved(contenders, timing)
+            if "ours" in sides:
+                call = (lambda name: lambda: dispatcher.matmul(a, b, bias=bias, activation=name,
+                                                               out=fused[name]))(name)
+                call()  # builds and selects once
+                error = errors[f"max_rel_{name}"] = max_rel(fused[name], reference(a, b, bias, name, erf))
+                limit = dtypes.relative_tolerance("fp32", k)
+                if error > limit:
+                    raise SystemExit(f"{size}^3 {name}: max_rel {error:.3g} > {limit:.3g}")
+                contenders[f"fused_{name}"] = call
+            if "numpy" in sides:
+                contenders[f"unfused_{name}"] = unfused(name)
+        return {**time_interleaved(contenders, timing), **errors}
 
+
+def alone(size: int, args) -> dict:
+    """`measure` of each side in a child process of its own (this script
+    with --side), merged."""
+    times = {}
+    for side in SIDES:
+        done = subprocess.run([sys.executable, __file__, "--side", side, "--sizes", str(size),
+                               "--activations", args.activations, "--repeat", str(args.repeat)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise SystemExit(f"the {side} child failed:\n{done.stderr}")
+        times.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return times
+
+
+def rows_of(size: int, activations, together: dict, apart: dict) -> list:
+    """One row per activation: alone and alternating times and ratios, and
+    the fused result's error against float64."""
+    m = n = k = size
     flops = 2.0 * m * n * k
     rows = []
     for name in activations:
-        ours, numpys = times[f"fused_{name}"], times[f"unfused_{name}"]
-        row = dict(m=m, n=n, k=k, activation=name, fused_s=ours, numpy_unfused_s=numpys,
-                   speedup=numpys / ours, fused_gflops=flops / ours / 1e9,
-                   dispatcher_matmul_s=times["dispatcher_matmul"], numpy_matmul_s=times["numpy_matmul"],
-                   max_rel_vs_float64=errors[name])
-        print(f"{size}^3 {name:>4}: {row['speedup']:.2f}x numpy unfused ({ours * 1e3:.2f} vs "
-              f"{numpys * 1e3:.2f} ms; plain GEMMs: ours {times['dispatcher_matmul'] * 1e3:.2f}, numpy "
-              f"{times['numpy_matmul'] * 1e3:.2f} ms)", flush=True)
+        row = dict(m=m, n=n, k=k, activation=name)
+        for mode, times in (("alone", apart), ("alternating", together)):
+            ours, numpys = times[f"fused_{name}"], times[f"unfused_{name}"]
+            row[mode] = dict(fused_s=ours, numpy_unfused_s=numpys, speedup=numpys / ours,
+                             fused_gflops=flops / ours / 1e9, dispatcher_matmul_s=times["dispatcher_matmul"],
+                             numpy_matmul_s=times["numpy_matmul"])
+        row["speedup"] = row["alone"]["speedup"]
+        row["max_rel_vs_float64"] = together[f"max_rel_{name}"]
+        print(f"{size}^3 {name:>4}: {row['alone']['speedup']:.2f}x numpy unfused alone, "
+              f"{row['alternating']['speedup']:.2f}x alternating (alone: {row['alone']['fused_s'] * 1e3:.2f} vs "
+              f"{row['alone']['numpy_unfused_s'] * 1e3:.2f} ms; plain GEMMs alone: ours "
+              f"{apart['dispatcher_matmul'] * 1e3:.2f}, numpy {apart['numpy_matmul'] * 1e3:.2f} ms)", flush=True)
         rows.append(row)
     return rows
 
@@ -123,8 +163,11 @@ def plot(payload: dict):
         return
     rows = payload["rows"]
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.6), 4))
-    ax.bar(range(len(rows)), [r["speedup"] for r in rows])
+    width = 0.4
+    for offset, mode in ((-width / 2, "alone"), (width / 2, "alternating")):
+        ax.bar([i + offset for i in range(len(rows))], [r[mode]["speedup"] for r in rows], width, label=mode)
     ax.axhline(payload["target"], color="red", lw=1)
+    ax.legend()
     ax.set_xticks(range(len(rows)), [f"{r['m']}^3\n{r['activation']}" for r in rows], fontsize=7)
     ax.set_ylabel("numpy unfused time / fused time (median)")
     ax.set_title(f"GEMM + bias + activation, fp32, {payload['environment']['isa']} (red: target)")
@@ -137,6 +180,7 @@ def main():
     parser.add_argument("--sizes", default="512,1024,2048", help="M = N = K values, comma-separated")
     parser.add_argument("--activations", default=",".join(ACTIVATIONS))
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per contender")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child of `alone`
     args = parser.parse_args()
     try:
         from scipy import __version__ as scipy_version
@@ -148,16 +192,22 @@ def main():
     unknown = sorted(set(activations) - set(ACTIVATIONS))
     if unknown:
         raise SystemExit(f"unknown activation(s) {unknown}; choose from {', '.join(ACTIVATIONS)}")
-    rng = np.random.default_rng(0)
     timing = TimingOptions(warmup=2, repeat=args.repeat)
+    sizes = [int(size) for size in args.sizes.split(",")]
+    if args.side:  # a child: its side's times as one JSON line
+        print(json.dumps({key: value for size in sizes for key, value in
+                          measure(size, activations, timing, erf, np.random.default_rng(0), (args.side,)).items()}))
+        return
     load_before = os.getloadavg()
-    rows = [row for size in map(int, args.sizes.split(",")) for row in
-            measure(size, activations, timing, erf, rng)]
+    rows = []
+    for size in sizes:
+        together = measure(size, activations, timing, erf, np.random.default_rng(0))
+        rows += rows_of(size, activations, together, alone(size, args))
     env = dict(environment(), isa=cpu_isa.active().name, scipy=scipy_version,
                gemm_dispatcher=metadata.version("gemm-dispatcher"),
                load_average_before=load_before, load_average_after=os.getloadavg())
     payload = dict(environment=env, rows=rows, target=1.0,
-                   met=all(r["speedup"] >= 1.0 for r in rows if r["activation"] != "none"))
+                   met=all(r["alone"]["speedup"] >= 1.0 for r in rows if r["activation"] != "none"))
     print(f"wrote {write('epilogue_cpu', payload)}")
     plot(payload)
 
