@@ -170,7 +170,7 @@ def plot(payload: dict):
     ax.legend()
     ax.set_xticks(range(len(rows)), [f"{r['m']}^3\n{r['activation']}" for r in rows], fontsize=7)
     ax.set_ylabel("numpy unfused time / fused time (median)")
-    ax.set_title(f"GEMM + bias + activation, fp32, {payload['environment']['isa']} (red: target)")
+    ax.set_title(f"GEMM + bias + activation, fp32\n{payload['environment']['isa']} (red: target)", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "epilogue_cpu.png", dpi=120)
 
