@@ -329,6 +329,17 @@ int main(int argc, char** argv) {  // k lda a_offset_bytes: A (8, k) fp16, B (k,
     a.a = reinterpret_cast<const void*>(1024 + off); a.b = reinterpret_cast<const void*>(4096);
     a.c = reinterpret_cast<void*>(8192);
     a.m = 8, a.n = 8, a.k = k, a.lda = lda, a.ldb = 8, a.ldc = 8;
+    if (argc > 4) {  // a bias of strides (0, 0) fused along N: N = 1 ("bias") or N = 8 ("broadcast")
+        dispatcher_operand bias{reinterpret_cast<const void*>(12288), 0, 0, 0};
+        if (argv[4][0] == 'b' && argv[4][1] == 'i') a.n = 1, a.ldb = 1, a.ldc = 1;
+        a.extra = &bias, a.extra_count = 1;
+        dcuda::Staging s = dcuda::staging_of<Fp16Rrr, true, false>(&a);
+        const long step = s.moves_in ? long(s.in[s.moves_in - 1].from.step) : -1;  // the bias is staged last
+        const dispatcher_gemm_args body = s.bound(reinterpret_cast<void*>(4096));
+        printf("%d %d %d %d %ld %d %ld\n", s.staged_a, s.staged_b, s.staged_c, s.staged_bias, long(body.n),
+               int(dcuda::bias_contiguous(&body, false)), step);
+        return 0;
+    }
     const dcuda::Staging s = dcuda::staging_of<Fp16Rrr, false, false>(&a);
     printf("%d %d %d %ld %ld\n", s.staged_a, s.staged_b, s.staged_c, long(s.args.k), long(s.args.lda));
 }
@@ -340,7 +351,8 @@ def test_cuda_staging_at_and_one_past_16_bytes(tmp_path):
     the CUDA kernels stage what breaks that rule (native/cuda/staging.hpp,
     plain C++ compiled here, no GPU): an fp16 row-major A with K = 8 (16
     bytes) at an aligned address is read in place; a pitch of 18 bytes or an
-    address 2 bytes off stages A alone; K = 9 pads K to 16, so B as well."""
+    address 2 bytes off stages A alone; K = 9 pads K to 16, so B as well; a
+    bias of one value (strides 0) is read as a contiguous vector."""
     import subprocess
     from pathlib import Path
 
@@ -351,8 +363,8 @@ def test_cuda_staging_at_and_one_past_16_bytes(tmp_path):
     subprocess.run([Toolchain.find(cpu_isa.active().name).compiler, "-std=c++17", f"-I{native}", str(tmp_path / "drive.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, timeout=120)
 
-    def staged(k, lda, offset):
-        done = subprocess.run([str(exe), str(k), str(lda), str(offset)], capture_output=True, text=True,
+    def staged(k, lda, offset, *mode):
+        done = subprocess.run([str(exe), str(k), str(lda), str(offset), *mode], capture_output=True, text=True,
                               check=True, timeout=30)
         return tuple(int(x) for x in done.stdout.split())
 
@@ -362,3 +374,10 @@ def test_cuda_staging_at_and_one_past_16_bytes(tmp_path):
     assert staged(8, 8, 16) == (0, 0, 0, 8, 8)   # the next aligned address
     assert staged(9, 16, 0) == (1, 1, 0, 16, 16)  # K = 9: both inputs padded to K = 16
     assert staged(16, 16, 0) == (0, 0, 0, 16, 16)
+    # A bias of strides (0, 0) fused along N, as the block the kernel gets
+    # (bound, as the size query binds it too) has it: (A, B, C, bias staged,
+    # N run, bias contiguous, the bias copy's source step). A Linear(d, 1)'s:
+    # one value, N padded to 8, staged as a contiguous vector of 8.
+    assert staged(8, 8, 0, "bias") == (0, 1, 1, 1, 8, 1, 1)
+    # One value broadcast over N = 8: staged as a vector of that value (step 0).
+    assert staged(8, 8, 0, "broadcast") == (0, 0, 0, 1, 8, 1, 0)

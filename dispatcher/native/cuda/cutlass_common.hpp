@@ -205,8 +205,7 @@ void apply_abi2(typename Gemm::Arguments& arguments, const dispatcher_gemm_args*
         if (a->extra_count < 1 || !a->extra || !a->extra[0].data)
             throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
         const dispatcher_operand& bias = a->extra[0];
-        const int64_t length = Epi::bias == Bias::row ? a->m : a->n;  // one value: any stride reads it
-        if (length > 1 && (Epi::bias == Bias::row ? bias.row_stride : bias.col_stride) != 1)
+        if (!bias_contiguous(a, Epi::bias == Bias::row))
             throw Failure(DISPATCHER_UNSUPPORTED, "the CUDA bias epilogue reads a contiguous bias vector");
         arguments.epilogue.thread.bias_ptr = static_cast<const typename T::ElementC*>(bias.data);
         cute::get<2>(arguments.epilogue.thread.dBias) = bias.batch_stride;
@@ -334,7 +333,12 @@ template <class T, class Epi, class Scratch>
 int64_t staged_workspace_bytes(const dispatcher_gemm_args* a, Scratch&& scratch) {
     check_args<T>(a);
     Staging s = staging_for<T, Epi>(a);
-    return s.bytes + scratch(&s.args);
+    if (!s.any()) return scratch(a);
+    // The body's arguments as the call binds them (a staged bias is only in
+    // the bound block), at a stand-in address nothing is read through.
+    Staging bound = s;
+    const dispatcher_gemm_args body = bound.bound(reinterpret_cast<void*>(uintptr_t(4096)));
+    return s.bytes + scratch(&body);
 }
 
 // Run `body(args)` on the call itself, or, where an operand breaks TMA's

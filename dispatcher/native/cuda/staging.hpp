@@ -23,11 +23,12 @@
 namespace dcuda {
 
 // One operand as stored: `batch` matrices `batch_stride` elements apart
-// (0: one matrix for all), each `outer` lines of `inner` contiguous elements
-// `ld` apart.
+// (0: one matrix for all), each `outer` lines of `inner` elements `ld`
+// apart, contiguous (`step` 0: one value repeated, a broadcast bias).
 struct Stored {
     const void* data;
     int64_t outer, inner, ld, batch_stride;
+    int64_t step = 1;
 };
 
 // A copy of `from` into `to` (dst lines past from's extents get zeros), of
@@ -93,6 +94,13 @@ struct Staging {
     bool staged_a = false, staged_b = false, staged_c = false, staged_bias = false;
 };
 
+// Whether a kernel can read extra operand 0 of `a` (its bias) as a
+// contiguous vector along M (or N): one value is, whatever its stride.
+inline bool bias_contiguous(const dispatcher_gemm_args* a, bool along_m) {
+    const dispatcher_operand& bias = a->extra[0];
+    return (along_m ? a->m : a->n) <= 1 || (along_m ? bias.row_stride : bias.col_stride) == 1;
+}
+
 // The staging of one call (`staging_of<T, BiasAlongM, BiasAlongN>`): which
 // operands the kernel of traits T cannot read in place, and their padded
 // copies. The padded sizes: K to a multiple of the inputs' 16 bytes where it
@@ -144,9 +152,12 @@ Staging staging_of(const dispatcher_gemm_args* a) {
             s.bias = a->extra[0];
             const int64_t len = BiasAlongM ? m : n, lenp = BiasAlongM ? mp : np;
             int64_t& stride = BiasAlongM ? s.bias.row_stride : s.bias.col_stride;
-            // A bias of one value is contiguous whatever its stride (a broadcast one has 0).
-            if ((stride == 1 || len == 1) && (lenp != len || off(s.bias.data, 0, s.bias.batch_stride, alC))) {
-                const Stored from{s.bias.data, 1, len, len, s.bias.batch_stride};
+            // One value (len 1, any stride) is contiguous; one value broadcast
+            // along the bias (stride 0) is staged as a vector of it.
+            const bool broadcast = stride == 0 && len > 1;
+            if (broadcast ||
+                ((stride == 1 || len == 1) && (lenp != len || off(s.bias.data, 0, s.bias.batch_stride, alC)))) {
+                const Stored from{s.bias.data, 1, len, len, s.bias.batch_stride, broadcast ? 0 : 1};
                 const Stored to = s.place(from, 1, lenp, batch, sizeof(EC), true);
                 s.bias.data = to.data, s.bias.batch_stride = to.batch_stride, s.staged_bias = true;
                 stride = 1;
@@ -187,11 +198,12 @@ __device__ void copy_lines(const Move& m) {
             for (int64_t c = first; c < m.to.inner / kPer; c += step) {
                 alignas(16) Word chunk[kPer];
 #pragma unroll
-                for (int e = 0; e < kPer; ++e) chunk[e] = c * kPer + e < have ? from[c * kPer + e] : Word(0);
+                for (int e = 0; e < kPer; ++e)
+                    chunk[e] = c * kPer + e < have ? from[(c * kPer + e) * m.from.step] : Word(0);
                 reinterpret_cast<uint4*>(to)[c] = *reinterpret_cast<const uint4*>(chunk);
             }
         } else {
-            for (int64_t j = first; j < m.to.inner; j += step) to[j] = j < have ? from[j] : Word(0);
+            for (int64_t j = first; j < m.to.inner; j += step) to[j] = j < have ? from[j * m.from.step] : Word(0);
         }
     }
 }
