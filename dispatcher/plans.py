@@ -59,8 +59,9 @@ def _tensor_pointer(t) -> int:
 def _alignment(target: str, arrays: dict) -> tuple:
     """The alignment class of a call on a target whose kernels stage
     misaligned operands in a workspace (cuda: TMA's 16 bytes): whether each
-    array's address is aligned. Part of a plan's signature, so a plan whose
-    first call needed no workspace launches every later call without one."""
+    array's address is aligned. Part of a plan's signature, so what its
+    first call staged, and the workspace that took, holds for every later
+    call."""
     if not targets.get(target).pads:
         return ()
     return tuple(sorted((name, data_pointer(x) % ALIGNMENT == 0) for name, x in arrays.items() if x is not None))
