@@ -338,13 +338,20 @@ class RegionErrors {
     std::exception_ptr first_;
 };
 
+// The cost of a tile for `parallel_tiles`' static split: all alike.
+struct EqualTiles {
+    double operator()(int64_t) const { return 1.0; }
+};
+
 // work(t) for t in [0, tiles) on `threads` OpenMP threads bound to their
 // cores; the first exception is rethrown after. chunk 0: each thread one
 // contiguous run of t (consecutive tiles of one column share a packed B
-// panel); else runs of `chunk` tiles handed out as threads finish, so a
-// thread on a core shared with other work takes fewer.
-template <class Work>
-void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0) {
+// panel), the runs of about equal total `cost(t)` (edge tiles cost less:
+// equal counts would leave one thread all the full tiles); else runs of
+// `chunk` tiles handed out as threads finish, so a thread on a core shared
+// with other work takes fewer.
+template <class Work, class Cost = EqualTiles>
+void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost cost = Cost{}) {
     if (threads > tiles) threads = static_cast<int>(tiles);  // a thread with no tile would only be woken
     if (threads <= 1) {  // no team: a small problem costs what its tiles cost
         for (int64_t t = 0; t < tiles; ++t) work(t);
@@ -355,8 +362,20 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0) {
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) proc_bind(close)
         for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
     } else {
-#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+        std::unique_ptr<double[]> before(new double[size_t(tiles) + 1]);  // cost of the tiles before t
+        before[0] = 0.0;
+        for (int64_t t = 0; t < tiles; ++t) before[t + 1] = before[t] + cost(t);
+#pragma omp parallel num_threads(threads) proc_bind(close)
+        {
+            const int team = omp_get_num_threads(), r = omp_get_thread_num();
+            // Thread r's run: the tiles whose preceding cost falls in its share.
+            auto first = [&](int share) {
+                return std::lower_bound(before.get(), before.get() + tiles, before[tiles] * share / team) -
+                       before.get();
+            };
+            const int64_t end = r + 1 == team ? tiles : first(r + 1);
+            for (int64_t t = first(r); t < end; ++t) errors.run([&] { work(t); });
+        }
     }
     errors.rethrow();
 }
@@ -900,6 +919,13 @@ TileCoord tile_coord(const Problem<T>& P, int64_t tile) {
     t.mc = static_cast<int>(std::min<int64_t>(T::MC, P.m - t.i0));
     t.nc = static_cast<int>(std::min<int64_t>(T::NC, P.n - t.j0));
     return t;
+}
+
+// A tile's share of the work (`parallel_tiles`' cost): its output area.
+template <class T>
+double tile_area(const Problem<T>& P, int64_t tile) {
+    const TileCoord t = tile_coord(P, tile);
+    return double(t.mc) * t.nc;
 }
 
 // Have P's last K block prefetch the first K block of tile `tile` of `next`
