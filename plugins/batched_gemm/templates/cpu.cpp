@@ -21,7 +21,7 @@ int run(const dispatcher_gemm_args* args) {
             if (t + 1 < tiles && (!many || (t + 1) % kChunk))
                 dcpu::prefetch_next_tile(one, P.at((t + 1) / per_batch), (t + 1) % per_batch);
             dcpu::compute_tile<T, Epi>(one, t % per_batch);
-        }, many ? kChunk : 0);
+        }, many ? kChunk : 0, [&](int64_t t) { return dcpu::tile_area(P, t % per_batch); });  // runs of equal area
         return DISPATCHER_OK;
     });
 }
