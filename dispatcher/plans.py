@@ -192,7 +192,7 @@ class Plan(_Launches):
         args = bound_gemm_args(template, [pointer(result if name is None else arrays[name]) for name in self._slots],
                                core, values)
         if nbytes:
-            self._attach_workspace(args, nbytes)
+            WORKSPACES.attach(library, args, self.options.get("stream", 0), nbytes)
         status = entry(args)
         if status:
             library.check(status)
@@ -255,7 +255,7 @@ class Plan(_Launches):
             entry, template, library, nbytes = direct
             args = bound_gemm_args(template, self._pointers(arrays, result), core, params)
             if nbytes:
-                self._attach_workspace(args, nbytes)
+                WORKSPACES.attach(library, args, self.options.get("stream", 0), nbytes)
             library.check(entry(args))
             return
         for block in kinds.bind(self.layout, self._pointers(arrays, result), core, params):
@@ -277,12 +277,6 @@ class Plan(_Launches):
             self._direct = (direct(library), template, library, library.workspace_size(template))
         out = self.names.get("out")
         self._slots = tuple(None if name == out else name for name in self.layout.names)  # None: the result
-
-    def _attach_workspace(self, args, nbytes: int):
-        """What `launches_gemm` does before its launch: the call's workspace."""
-        args.workspace = WORKSPACES.get(self.target.memory, nbytes, self.options.get("stream", 0),
-                                        self.target.zeroes_workspace)
-        args.workspace_bytes = nbytes
 
     def _empty_product(self, result, beta: float, params: tuple, memory, allocate):
         """K = 0: C = beta * C, with nothing added. On the host in float64

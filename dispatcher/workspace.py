@@ -36,12 +36,14 @@ class Workspaces(threading.local):
         from .library import data_pointer
         return data_pointer(buf)
 
-    def attach(self, library, args, stream: int = 0) -> int:
+    def attach(self, library, args, stream: int = 0, nbytes: int | None = None) -> int:
         """Point an ABI struct (GemmArgs or GroupedArgs) at a workspace of
         the size the kernel asks for (zeroed where its target says so);
-        returns that size."""
+        returns that size. nbytes: that size, where the caller asked
+        already (a plan asks once for all its calls)."""
         from . import targets
-        nbytes = library.workspace_size(args)
+        if nbytes is None:
+            nbytes = library.workspace_size(args)
         target = targets.get(library.config.target)
         args.workspace = self.get(target.memory, nbytes, stream, target.zeroes_workspace) or None
         args.workspace_bytes = nbytes
