@@ -58,8 +58,17 @@ class Linear(torch.nn.Linear):
 
 
 def _fuses_bias(variant: str) -> bool:
-    """Whether `variant` declares a bias operand (a fused epilogue)."""
-    return any(o.name == "bias" for o in get_manager().variant(variant).operands)
+    """Whether `variant` declares a bias operand (a fused epilogue); asked
+    of the plugin manager once per variant and plugin generation."""
+    manager = get_manager()
+    found = _FUSES.get(variant)
+    if found is None or found[0] is not manager or found[1] != manager.generation:
+        found = _FUSES[variant] = (manager, manager.generation,
+                                   any(o.name == "bias" for o in manager.variant(variant).operands))
+    return found[2]
+
+
+_FUSES: dict = {}  # variant -> (manager, generation, whether it fuses a bias)
 
 
 def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:

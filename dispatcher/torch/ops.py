@@ -159,10 +159,10 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
           config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
     target = target_of(a, b, c)
-    if c is None and out_dtype is None and config is None:  # the plain call: dispatcher.gemm's fastest path
+    if c is None and config is None:  # the plain call (a backward's too): dispatcher.gemm's fastest path
         try:
             return from_target(dispatcher.gemm(for_target(a, target), for_target(b, target), alpha=alpha,
-                                               variant=variant, autotune=autotune))
+                                               out_dtype=out_dtype, variant=variant, autotune=autotune))
         except DispatcherError:
             _in_torch_words(a, b, a=a, b=b)
             raise

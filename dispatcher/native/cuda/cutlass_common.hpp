@@ -239,9 +239,35 @@ void check_can_run(const typename Gemm::Arguments& arguments, int64_t workspace_
         throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
 }
 
+// The kernel on `stream` with built params, in one driver call: what
+// GemmUniversalAdapter::run() does for an SM90 kernel, less its cluster
+// launcher's cudaFuncSetAttribute (non-portable cluster sizes, which no
+// kernel here uses: clusters hold at most 8 blocks) on every launch.
+template <class Kernel>
+void launch_kernel(typename Kernel::Params& params, cudaStream_t stream) {
+    using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    static_assert(cute::size(Cluster{}) <= 8, "a cluster of more than 8 blocks needs a non-portable launch");
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = cute::size<0>(Cluster{});
+    cluster[0].val.clusterDim.y = cute::size<1>(Cluster{});
+    cluster[0].val.clusterDim.z = cute::size<2>(Cluster{});
+    cudaLaunchConfig_t config{};
+    config.gridDim = Kernel::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = Kernel::SharedStorageSize;
+    config.stream = stream;
+    config.attrs = cluster;
+    config.numAttrs = cute::size(Cluster{}) > 1 ? 1 : 0;
+    void* kernel_params[] = {&params};
+    check_cuda(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
+                                   kernel_params),
+               "kernel launch");
+}
+
 // Initialize the workspace and launch with built params: what a
-// GemmUniversalAdapter's initialize() + run() do, minus what initialize()
-// repeats per call (see allow_shared_memory).
+// GemmUniversalAdapter's initialize() + run() do, minus what they repeat
+// per call (see allow_shared_memory and launch_kernel).
 template <class Gemm>
 int launch(const typename Gemm::Arguments& arguments, typename Gemm::GemmKernel::Params& params,
            void* workspace, cudaStream_t stream) {
@@ -251,10 +277,7 @@ int launch(const typename Gemm::Arguments& arguments, typename Gemm::GemmKernel:
     if (st != cutlass::Status::kSuccess)
         throw Failure(DISPATCHER_ERROR, std::string("CUTLASS workspace initialization failed: ") +
                                             cutlassGetStatusString(st));
-    st = Gemm::run(params, stream);
-    if (st != cutlass::Status::kSuccess)
-        throw Failure(DISPATCHER_ERROR, std::string("CUTLASS run failed: ") + cutlassGetStatusString(st));
-    check_cuda(cudaGetLastError(), "kernel launch");
+    launch_kernel<Kernel>(params, stream);
     return DISPATCHER_OK;
 }
 
