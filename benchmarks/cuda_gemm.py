@@ -1,6 +1,6 @@
 """The cuda target on an H200: what a user gets, as ratios to torch in the same run.
 
-    python benchmarks/cuda_gemm.py [--repeat 20] [--only regular,stream_k,fp8,grouped,overhead] [--out DIR]
+    python benchmarks/cuda_gemm.py [--repeat 20] [--only regular,stream_k,fp8,grouped,overhead,random] [--out DIR]
 
 Build the catalogs first (`gemm-dispatcher prebuild --target cuda --dtype bf16`, and
 `--variant regular --dtype fp8_e4m3` for the fp8 part), or every first call compiles.
@@ -19,7 +19,11 @@ grouped), CUDA events around each call, L2 flushed before each, medians of
   best      every catalog kernel timed alone on the same operands: the best
             of the catalog (a bound on what selection could reach)
 bf16 rcr (B is the transpose of an (N, K) matrix, as in a linear layer).
-Shapes: the `gpu` section of ../shared/bench/shapes.json ($GEMM_SHAPES).
+Shapes: the `gpu` section of ../shared/bench/shapes.json ($GEMM_SHAPES); the
+`random` part (not in the default --only) draws 50 held-out shapes
+(`random_shapes`) and reports torch, default and best of catalog. Each row
+keeps every catalog kernel's time (`catalog_us`) and the regret (default /
+best of catalog), summarized over the corpus and the random shapes.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ def fresh(tuning_dir=None) -> Dispatcher:
 
 
 def best_of_catalog(d, problem, ops, timing) -> tuple:
-    """(seconds, kernel) of the fastest catalog kernel on prepared operands."""
-    best = (float("inf"), None)
+    """(seconds, kernel, {kernel: microseconds}) of the fastest catalog
+    kernel on prepared operands, and every catalog kernel's time (the data
+    selection's regret and a calibration of its model are computed from)."""
+    best, times = (float("inf"), None), {}
     options = {"stream": torch.cuda.current_stream().cuda_stream}
     for config in d.candidates(problem):
         library = d.library(config)
@@ -74,8 +80,9 @@ def best_of_catalog(d, problem, ops, timing) -> tuple:
         except dispatcher.UnsupportedProblem:
             continue
         t = timed(lambda: d.launch(library, problem, ops, options), timing)
+        times[config.name] = t * 1e6
         best = min(best, (t, config.name))
-    return best
+    return (*best, times)
 
 
 def three_columns(call, baseline_s, problem_of, timing, tmp, **kw) -> dict:
@@ -91,9 +98,10 @@ def three_columns(call, baseline_s, problem_of, timing, tmp, **kw) -> dict:
     autotune_cost = time.perf_counter() - started
     t_autotune = timed(lambda: call(tuned, True), timing)
     problem, ops = problem_of()
-    t_best, best_name = best_of_catalog(d, problem, ops, timing)
+    t_best, best_name, catalog_us = best_of_catalog(d, problem, ops, timing)
     return dict(torch_us=baseline_s * 1e6, default_us=t_default * 1e6, autotune_us=t_autotune * 1e6,
-                best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name,
+                best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
+                regret=t_default / t_best,
                 autotune_winner=tuned.autotune_log[0]["winner"] if tuned.autotune_log else None,
                 autotune_cost_s=autotune_cost,
                 default_vs_torch=baseline_s / t_default, autotune_vs_torch=baseline_s / t_autotune,
@@ -131,6 +139,43 @@ def bench_gemm(shapes, variant, timing, tmp, dtype=torch.bfloat16, out_dtype=Non
         rows.append(row)
         print(f"{variant} {m}x{n}x{k}: default {row['default_vs_torch']:.3f} autotune {row['autotune_vs_torch']:.3f} "
               f"best {row['best_vs_torch']:.3f} ({row['default_kernel']})", flush=True)
+    return rows
+
+
+# Held-out shapes for selection's regret (issue 23): M, N and K drawn
+# log-uniformly in [64, 16384] with this seed, so every run draws the same.
+RANDOM_SEED = 20261204
+RANDOM_COUNT = 50
+
+
+def random_shapes(count: int = RANDOM_COUNT, seed: int = RANDOM_SEED) -> list:
+    rng = np.random.default_rng(seed)
+    return [tuple(int(round(x)) for x in np.exp(rng.uniform(np.log(64), np.log(16384), 3)))
+            for _ in range(count)]
+
+
+def bench_random(timing) -> list:
+    """Per random shape: torch, the default kernel and every catalog kernel
+    (no autotune column: regret is default / best of catalog)."""
+    rows = []
+    for m, n, k in random_shapes():
+        a, b = operands(m, n, k)
+        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        t_torch = timed(lambda: torch.matmul(a, b, out=out), timing)
+        d = fresh()
+        dispatcher.gemm(a, b, out=out, target="cuda", dispatcher=d)
+        t_default = timed(lambda: dispatcher.gemm(a, b, out=out, target="cuda", dispatcher=d), timing)
+        chosen = next(iter(d._ready.values()))[0].name
+        session = get_target("cuda").session(a, b)
+        problem, ops, _ = prepare_gemm(*session.arrays, variant="regular", target="cuda",
+                                       memory=session.memory, allocate=session.empty)
+        t_best, best_name, catalog_us = best_of_catalog(d, problem, ops, timing)
+        rows.append(dict(M=m, N=n, K=k, torch_us=t_torch * 1e6, default_us=t_default * 1e6, best_us=t_best * 1e6,
+                         default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
+                         regret=t_default / t_best, default_vs_torch=t_torch / t_default,
+                         best_vs_torch=t_torch / t_best))
+        print(f"random {m}x{n}x{k}: default {rows[-1]['default_vs_torch']:.3f} best {rows[-1]['best_vs_torch']:.3f} "
+              f"regret {rows[-1]['regret']:.3f} ({chosen} / {best_name})", flush=True)
     return rows
 
 
@@ -250,6 +295,14 @@ def summarize(result) -> dict:
                 values = [r[f"{column}_vs_torch"] for r in rows]
                 summary[f"{part}_{column}_geomean"] = geomean(values)
                 summary[f"{part}_{column}_min"] = min(values)
+    if result.get("random"):
+        for column in ("default", "best"):
+            values = [r[f"{column}_vs_torch"] for r in result["random"]]
+            summary[f"random_{column}_geomean"], summary[f"random_{column}_min"] = geomean(values), min(values)
+    held_out = [r for p in ("regular", "unaligned", "skinny", "random") for r in result.get(p, []) if "regret" in r]
+    if held_out:  # default kernel time / best catalog kernel time, over the gpu corpus and the random shapes
+        summary["regret_geomean"] = geomean(r["regret"] for r in held_out)
+        summary["regret_max"] = max(r["regret"] for r in held_out)
     gpu = [r for p in ("regular", "unaligned", "skinny") for r in result.get(p, [])]
     if gpu:
         for column in ("default", "autotune", "best"):
@@ -294,6 +347,8 @@ def main():
             result["fp8"] = bench_gemm(large, "regular", timing, tmp, torch.float8_e4m3fn, "bf16")
         elif part == "grouped":
             result["grouped"] = bench_grouped(corpus["grouped"], timing, tmp)
+        elif part == "random":
+            result["random"] = bench_random(timing)
         elif part == "overhead":
             decode = next(c for c in corpus["grouped"] if "decode" in c["name"])
             result["per_call"] = bench_overhead(decode)

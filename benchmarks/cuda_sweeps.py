@@ -71,6 +71,11 @@ def test_configs() -> list:
         out.append(KernelConfig.create(variant="stream_k", dtype=dtype, layout=layout,
                                        tile_k=cuda.CUDA.default_tile_k(dtype), decomposition="split_k",
                                        splits=splits, reduction="tree", **TILE))
+    for layout, splits in (("rcr", 3), ("rcr", 8), ("rrr", 3)):  # test_regular_split_k's
+        out.append(KernelConfig.create(dtype="bf16", layout=layout, tile_k=64, splits=splits, **TILE))
+    for bias, activation in (("col", "gelu"), ("row", "relu")):  # test_regular_split_k_alpha_beta_and_epilogue's
+        out.append(KernelConfig.create(dtype="bf16", layout="rrr", tile_k=64, splits=3, bias=bias,
+                                       activation=activation, **TILE))
     return out
 
 

@@ -86,3 +86,19 @@ def test_invalid_cuda_configs_are_rejected_before_nvcc():
     with pytest.raises(dispatcher.ConfigError, match="cooperative schedule only"):
         d.codegen(dispatcher.KernelConfig.create(variant="stream_k", target="cuda", dtype="bf16",
                                                  tile_m=128, tile_n=128, tile_k=64, schedule="pingpong"))
+    with pytest.raises(dispatcher.ConfigError, match="split-K runs on CUTLASS's stream-K scheduler"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128,
+                                                 tile_k=64, schedule="pingpong", splits=3))
+
+
+def test_regular_split_k_is_named_and_cuda_only():
+    split = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64,
+                                           cluster_m=1, cluster_n=2, splits=8, bias="col", activation="gelu")
+    assert split.name.endswith("_biascol_gelu_splitk8")
+    plain = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64)
+    assert "splitk" not in plain.name  # splits=1 keeps the names (and tuning entries) kernels had
+    source = Dispatcher().codegen(split).files[0][1]
+    assert "dcuda::SplitK<8>" in source
+    with pytest.raises(dispatcher.ConfigError, match="split-K is a cuda schedule"):
+        Dispatcher().codegen(dispatcher.KernelConfig.create(target="cpu", dtype="fp32", tile_m=48, tile_n=64,
+                                                            tile_k=64, splits=2))

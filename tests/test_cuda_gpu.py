@@ -1,5 +1,7 @@
 """The cuda target on a GPU (marked `gpu`; run with `-m gpu` on a Hopper machine)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -80,6 +82,44 @@ def test_stream_k_linear_and_tree_are_deterministic(reduction, decomposition, sp
     cfg = config("stream_k", "bf16", "rcr", reduction=reduction, decomposition=decomposition, splits=splits)
     outs = [dispatcher.gemm(a, b, target="cuda", variant="stream_k", config=cfg) for _ in range(5)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+# The regular variant's split-K catalog entries (CUTLASS's stream-K scheduler
+# in split-K mode): few-tile long-K problems, an unaligned GEMV-like N = 1
+# (B and C staged), slices that leave a short last one (1064), one tile (8^3).
+SPLIT_SHAPES = [(136, 200, 4096), (2047, 1, 4096), (1000, 1032, 1064), (8, 8, 8)]
+
+
+@pytest.mark.parametrize("layout, splits", [("rcr", 3), ("rcr", 8), ("rrr", 3)])
+def test_regular_split_k(layout, splits, gen):
+    for shape in SPLIT_SHAPES:
+        err, tol = run("regular", "bf16", layout, shape, gen, splits=splits)
+        assert err <= tol, (layout, splits, shape, err)
+
+
+# A fused epilogue runs once per output tile, after its K slices are summed.
+SPLIT_EPILOGUES = [("col", "gelu"), ("row", "relu")]
+
+
+@pytest.mark.parametrize("per, activation", SPLIT_EPILOGUES)
+def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
+    m, n, k = 200, 136, 3000
+    a, b, c = operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "r", gen), operand(m, n, "bf16", "r", gen)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = config("regular", "bf16", "rrr", splits=3)
+    dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, out=out, target="cuda", config=cfg)
+    torch.cuda.synchronize()
+    assert max_rel(out.float().cpu().numpy(), reference(a, b, 2.0, c, 0.5)) <= tolerance(cfg, k)
+    bias = operand(1, n, "bf16", "r", gen)[0] if per == "col" else operand(m, 1, "bf16", "r", gen)
+    out.fill_(float("nan"))
+    cfg = config("regular", "bf16", "rrr", splits=3, bias=per, activation=activation)
+    dispatcher.run("regular", a=a, b=b, out=out, bias=bias, activation=activation, alpha=0.5, target="cuda",
+                   config=cfg)
+    torch.cuda.synchronize()
+    x = 0.5 * reference(a, b) + bias.double().cpu().numpy()
+    expected = np.maximum(x, 0.0) if activation == "relu" else \
+        0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    assert max_rel(out.float().cpu().numpy(), expected) <= tolerance(cfg, k)
 
 
 # The tree reduction (split_k slices' fp32 partials in the workspace, then a

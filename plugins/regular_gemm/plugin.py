@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.plugin_api import (BIAS, EPILOGUE_OPTIONS, WORKERS, VariantRecord,
+from dispatcher.plugin_api import (BIAS, EPILOGUE_OPTIONS, WORKERS, Option, VariantRecord,
                                    epilogue_problem_options, epilogue_suffix, gemm_operands,
                                    launches_gemm, registers, renders)
 
@@ -34,7 +34,9 @@ CPU_DEFAULTS = (
 # The sm_90a catalog: the CTA tiles and clusters NVIDIA's model proposes
 # most often for bf16/fp16 on an H200 (large cooperative tiles for
 # throughput, 2x4 clusters for mid-size squares, ping-pong 64-row tiles for
-# skinny M), plus swizzled large tiles. Selection ranks it with that model.
+# skinny M), plus swizzled large tiles, and split-K for few-tile, long-K
+# problems (an M x 1 x 4096 GEMV has 16 output tiles for 132 SMs) with the
+# split counts the model proposes for them. Selection ranks it with that model.
 def _coop(m, n, cm, cn, **extra):
     return dict(tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, schedule="cooperative", **extra)
 
@@ -48,7 +50,25 @@ CUDA_CATALOG = (
     _coop(128, 128, 2, 4), _coop(256, 128, 2, 4), _coop(128, 256, 2, 1, swizzle=4),
     _coop(256, 128, 1, 2, swizzle=4), _pingpong(64, 128, 1, 4), _pingpong(64, 128, 2, 1),
     _pingpong(64, 256, 1, 2), _pingpong(64, 128, 2, 4),
+    _coop(128, 128, 1, 2, splits=3), _coop(128, 128, 1, 2, splits=8), _coop(256, 128, 1, 2, splits=4),
 )
+
+# K slices summed per output tile (split-K: the cuda template's dcuda::SplitK).
+SPLITS = Option("splits", 1, "K slices per output tile (cuda split-K; 1: one block tile per work item)",
+                low=1, high=16)
+
+
+def name_suffix(opts: dict) -> str:
+    return epilogue_suffix(opts) + (f"_splitk{opts['splits']}" if opts["splits"] > 1 else "")
+
+
+def check(config):
+    if config.variant_params["splits"] > 1:
+        if config.target != "cuda":
+            return "split-K is a cuda schedule; on the CPU the stream_k variant splits K"
+        if config.target_params["schedule"] != "cooperative":
+            return "split-K runs on CUTLASS's stream-K scheduler, with the cooperative schedule only"
+    return None
 
 
 def default_configs(target, dtype, layout):
@@ -63,13 +83,16 @@ RECORD = VariantRecord(
     targets=("cpu", "cuda"),
     dtypes=dtypes.INPUT_TOKENS,
     layouts=("rcr", "rrr", "crr", "ccr"),
-    options=EPILOGUE_OPTIONS,
+    options=(*EPILOGUE_OPTIONS, SPLITS),
     launch_options=(WORKERS,),
-    name_suffix=epilogue_suffix,
+    name_suffix=name_suffix,
+    check=check,
+    k_splits=lambda config: config.variant_params["splits"],
     default_configs=default_configs,
     operands=(*gemm_operands(), BIAS),
     problem_options=epilogue_problem_options,
-    description="data-parallel GEMM: one output block tile per work item; fused bias and activation",
+    description="data-parallel GEMM: one output block tile per work item (cuda: or split-K); fused bias "
+                "and activation",
 )
 
 dispatcher_register_variants = registers(RECORD)

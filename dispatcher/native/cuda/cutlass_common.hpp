@@ -106,6 +106,25 @@ using UniversalGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm:
                          typename T::LayoutB, typename T::LayoutC, Epi>::Epilogue,
     Scheduler>>;
 
+// The tile scheduler of a kernel that sums each output tile over `Splits`
+// slices of K, and what it sets in a call's arguments: CUTLASS's stream-K
+// scheduler in split-K mode, the partial tiles reduced in a fixed order (so
+// results do not vary from run to run); 1 is the persistent data-parallel
+// scheduler. Split-K fills the GPU when a problem has few output tiles and a
+// long K (e.g. M x 1 x 4096: 16 tiles for 132 SMs).
+template <int Splits>
+struct SplitK {
+    using Scheduler = std::conditional_t<(Splits > 1), cutlass::gemm::StreamKScheduler, void>;
+    template <class Arguments>
+    static void apply(Arguments& arguments) {
+        if constexpr (Splits > 1) {
+            arguments.scheduler.decomposition_mode = cutlass::gemm::kernel::detail::DecompositionMode::SplitK;
+            arguments.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
+            arguments.scheduler.splits = Splits;
+        }
+    }
+};
+
 // A CUTLASS stride whose one dynamic leading mode holds `ld` (elements).
 template <class Stride>
 Stride stride_with_ld(int64_t ld) {

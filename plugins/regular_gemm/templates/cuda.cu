@@ -1,13 +1,17 @@
 // gemm-dispatcher regular GEMM, CUDA target: a CUTLASS 3.x SM90 GemmUniversal
-// instance with the persistent data-parallel tile scheduler. Generated file.
+// instance with the persistent data-parallel tile scheduler, or split-K
+// (dcuda::SplitK) where the config splits K. Generated file.
 ${prelude}
 namespace {
 using T = KernelTraits;
 using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
-using Gemm = dcuda::UniversalGemm<T, Epi>;
+using Split = dcuda::SplitK<${splits}>;
+using Gemm = dcuda::UniversalGemm<T, Epi, Split::Scheduler>;
 
 typename Gemm::Arguments arguments_of(const dispatcher_gemm_args* a) {
-    return dcuda::universal_arguments<Gemm, T, Epi>(a);
+    auto arguments = dcuda::universal_arguments<Gemm, T, Epi>(a);
+    Split::apply(arguments);
+    return arguments;
 }
 
 int run(const dispatcher_gemm_args* a) {
