@@ -34,9 +34,12 @@ CPU_DEFAULTS = (
 # The sm_90a catalog: the CTA tiles and clusters NVIDIA's model proposes
 # most often for bf16/fp16 on an H200 (large cooperative tiles for
 # throughput, 2x4 clusters for mid-size squares, ping-pong 64-row tiles for
-# skinny M), plus swizzled large tiles, and split-K for few-tile, long-K
-# problems (an M x 1 x 4096 GEMV has 16 output tiles for 132 SMs) with the
-# split counts the model proposes for them. Selection ranks it with that model.
+# skinny M), plus swizzled large tiles. Selection ranks it with that model.
+# Split-K (`splits`) is not in it: the model ranked split-K first on 8 of 64
+# measured shapes, where it ran 1.1-2.3x slower than the best catalog kernel,
+# while leaving it out costs the best-of-catalog time 0.15% (geomean;
+# benchmarks/results/cuda_gemm.json's catalog times). Sweeps and the tuning
+# database can still choose it.
 def _coop(m, n, cm, cn, **extra):
     return dict(tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, schedule="cooperative", **extra)
 
@@ -50,7 +53,6 @@ CUDA_CATALOG = (
     _coop(128, 128, 2, 4), _coop(256, 128, 2, 4), _coop(128, 256, 2, 1, swizzle=4),
     _coop(256, 128, 1, 2, swizzle=4), _pingpong(64, 128, 1, 4), _pingpong(64, 128, 2, 1),
     _pingpong(64, 256, 1, 2), _pingpong(64, 128, 2, 4),
-    _coop(128, 128, 1, 2, splits=3), _coop(128, 128, 1, 2, splits=8), _coop(256, 128, 1, 2, splits=4),
 )
 
 # K slices summed per output tile (split-K: the cuda template's dcuda::SplitK).
