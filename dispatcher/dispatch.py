@@ -27,14 +27,31 @@ from .plugins import get_manager
 from .problem import fixed_fields, unmet_fields
 from .records import check_offered, resolve_launch_options
 from .selection import rank
-from .timing import TimingOptions, median
+from .timing import TimingOptions, median, spread
 from .tuning import TuningDatabase
 
 log = logging.getLogger("dispatcher")
 
-# Autotune: how many ranked candidates are built and timed, and how.
+# Autotune: how many candidates are built and timed (the default selection
+# and the next ranked ones), how (each call from cold caches, enough calls
+# for a stable median), and by how much one must beat the default to replace
+# it: AUTOTUNE_MARGIN, or the timings' own noise where that is larger.
 AUTOTUNE_TOP_K = 4
-AUTOTUNE_TIMING = TimingOptions(warmup=2, repeat=10, flush_l2=False)
+AUTOTUNE_TIMING = TimingOptions(warmup=3, repeat=25, flush_l2=True)
+AUTOTUNE_MARGIN = 0.02
+
+
+def autotune_winner(default, times: dict):
+    """The config autotune keeps: `default` unless another's median time is
+    lower by more than the noise (the larger of AUTOTUNE_MARGIN and both
+    timings' `spread`), so that a tie measured through noise never replaces
+    a kernel; then the fastest such one. times: config -> seconds of each call."""
+    if default not in times:
+        return min(times, key=lambda c: (median(times[c]), c.name)) if times else None
+    base = median(times[default])
+    better = [c for c in times if c != default and
+              median(times[c]) * (1 + max(AUTOTUNE_MARGIN, spread(times[c]), spread(times[default]))) < base]
+    return min(better, key=lambda c: (median(times[c]), c.name)) if better else default
 
 
 def autotune_default() -> bool:
@@ -261,17 +278,21 @@ class Dispatcher:
             self.autotune(problem, operands, options)
 
     def autotune(self, problem, operands, options=None, top_k: int = AUTOTUNE_TOP_K):
-        """Build the `top_k` ranked candidates in parallel, time each on
-        scratch outputs in this process (the target's timer: CUDA events on
-        the GPU), store the fastest in the tuning database and select it.
-        Returns (winner, {config name: seconds}, seconds this took), and logs
-        that cost. Problems whose outputs are a list (the list form of
-        grouped GEMM) are not autotuned."""
+        """Build the default selection and the next ranked candidates (`top_k`
+        in all) in parallel, time each on scratch outputs in this process
+        (the target's timer: CUDA events on the GPU, from cold caches),
+        keep the default unless another is faster by more than the noise
+        (`autotune_winner`), store the winner in the tuning database and
+        select it. Returns (winner, {config name: median seconds}, seconds
+        this took), and logs that cost with every median and spread.
+        Problems whose outputs are a list (the list form of grouped GEMM)
+        are not autotuned."""
         started = time.perf_counter()
         target = targets.get(problem.target)
-        configs = [e.config for e in self.ranked(problem)[:top_k]]
-        if not configs or isinstance(operands.c, list):
+        if isinstance(operands.c, list):
             return None, {}, 0.0
+        default = self.select(problem)
+        configs = [default] + [e.config for e in self.ranked(problem) if e.config != default][:top_k - 1]
         with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool:
             libraries = list(pool.map(self._library_or_none, configs))
         memory = target.memory
@@ -284,23 +305,24 @@ class Dispatcher:
             if library is None:
                 continue
             try:
-                times[config] = median(target.measure(
-                    lambda i: self.launch(library, problem, trial, options), AUTOTUNE_TIMING,
-                    options.get("stream", 0)))
+                times[config] = target.measure(lambda i: self.launch(library, problem, trial, options),
+                                               AUTOTUNE_TIMING, options.get("stream", 0))
             except (UnsupportedProblem, KernelError):
                 continue
-        if not times:
+        winner = autotune_winner(default, times)
+        if winner is None:
             return None, {}, time.perf_counter() - started
-        winner = min(times, key=lambda c: (times[c], c.name))
         if self.tuning is not None:
-            self.tuning.record(problem, winner, times[winner] * 1e3, source="autotune")
+            self.tuning.record(problem, winner, median(times[winner]) * 1e3, source="autotune")
         with self._lock:
             self._selected[problem] = winner
             self._ready.pop(problem, None)
         spent = time.perf_counter() - started
-        by_name = {c.name: t for c, t in times.items()}
-        log.info("autotune %s: %s won of %d in %.2f s", problem, winner.name, len(times), spent)
-        self.autotune_log.append(dict(problem=problem, winner=winner.name, seconds=spent, times=by_name))
+        by_name = {c.name: median(t) for c, t in times.items()}
+        log.info("autotune %s: %s won of %d in %.2f s (default %s)", problem, winner.name, len(times), spent,
+                 default.name)
+        self.autotune_log.append(dict(problem=problem, winner=winner.name, default=default.name, seconds=spent,
+                                      times=by_name, spreads={c.name: spread(t) for c, t in times.items()}))
         return winner, by_name, spent
 
     def ready(self, problem) -> tuple:

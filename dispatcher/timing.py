@@ -33,6 +33,16 @@ def measure(fn, options: TimingOptions = TimingOptions()) -> list:
     return times
 
 
+def spread(times) -> float:
+    """The noise of repeated timings, relative to their median: half the
+    interquartile range over the median (0 for fewer than 4 samples)."""
+    ordered = sorted(times)
+    if len(ordered) < 4:
+        return 0.0
+    q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+    return (q3 - q1) / 2 / median(ordered)
+
+
 def median(times) -> float:
     return statistics.median(times)
 

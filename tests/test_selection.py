@@ -129,6 +129,44 @@ def test_autotune_times_the_top_candidates_and_stores_the_winner(tmp_path, rng):
     assert again.autotune_log == [] and again.select(problem).name == entry["winner"]
 
 
+def test_autotune_keeps_the_default_unless_another_wins_by_more_than_the_noise():
+    from dispatcher.dispatch import AUTOTUNE_MARGIN, autotune_winner
+    from dispatcher.timing import spread
+
+    default, near, far, noisy = (dispatcher.KernelConfig.create(dtype="fp32", tile_m=m, tile_n=64, tile_k=64)
+                                 for m in (48, 96, 144, 192))
+    steady = lambda t: [t] * 25  # noqa: E731 - timings with no spread
+    assert autotune_winner(default, {default: steady(1.0), near: steady(1.0 - AUTOTUNE_MARGIN / 2)}) == default
+    assert autotune_winner(default, {default: steady(1.0), near: steady(0.97), far: steady(0.9)}) == far
+    # a candidate whose own timings spread by 10% must beat the default by more than that
+    wobbly = [0.85] * 8 + [0.92] * 9 + [1.05] * 8
+    assert spread(wobbly) > 0.05
+    assert autotune_winner(default, {default: steady(1.0), noisy: wobbly}) == default
+    assert autotune_winner(default, {default: steady(1.0), noisy: [x * 0.8 for x in wobbly]}) == noisy
+    # the default could not run: the fastest of the rest
+    assert autotune_winner(default, {near: steady(1.0), far: steady(0.9)}) == far
+    assert autotune_winner(default, {}) is None
+
+
+def test_autotune_records_the_default_and_every_spread(tmp_path, rng, monkeypatch):
+    """A measured tie (every candidate within the margin) keeps the default
+    selection, and the tuning database stores it."""
+    from dispatcher import targets
+
+    d = Dispatcher(tuning=TuningDatabase(tmp_path / "tuning.sqlite"))
+    a, b = random_matrix(130, 70, "fp32", "r", rng), random_matrix(70, 90, "fp32", "r", rng)
+    problem = prepare_gemm(a, b)[0]
+    default = d.select(problem)
+    ties = iter(range(1000))
+    monkeypatch.setattr(type(targets.get("cpu")), "measure",
+                        lambda self, fn, options, stream=0: [(fn(0), 1.0 - 0.001 * (next(ties) % 7))[1]] * 5)
+    winner, times, _ = d.autotune(problem, prepare_gemm(a, b)[1])
+    assert winner == default and len(times) >= 2
+    entry = d.autotune_log[0]
+    assert entry["default"] == default.name and set(entry["spreads"]) == set(entry["times"])
+    assert Dispatcher(tuning=d.tuning).select(problem) == default
+
+
 def test_autotune_is_off_by_default_and_on_with_the_environment(tmp_path, monkeypatch, rng):
     a, b = random_matrix(33, 20, "fp32", "r", rng), random_matrix(20, 17, "fp32", "r", rng)
     d = Dispatcher(tuning=TuningDatabase(tmp_path / "t.sqlite"))
