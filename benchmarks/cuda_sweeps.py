@@ -160,4 +160,5 @@ def torch_test_configs() -> list:
 
 
 SETS["overhead"] = overhead_configs
+SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()

@@ -177,33 +177,48 @@ struct Moves {
     Move move[4];
 };
 
-// Lines of `m`: a staged copy's lines are 16-byte aligned (its pitch and
-// extent are padded to 16 bytes), so each thread gathers 16 bytes of
-// elements and stores them at once; other destinations (C copied back) are
-// written element by element.
+// Whether every line of `m`'s destination takes whole 16-byte stores: a
+// staged copy's lines do (their pitch and extent are padded to 16 bytes);
+// C copied back usually does not.
+__host__ __device__ inline bool whole_lines(const Move& m) {
+    const int64_t b = m.bytes;
+    return ((reinterpret_cast<uintptr_t>(m.to.data) | uintptr_t(m.to.ld * b) | uintptr_t(m.to.batch_stride * b) |
+             uintptr_t(m.to.inner * b)) & 15) == 0;
+}
+
+// The work items of one line of `m`: 16-byte chunks of whole lines, else elements.
+__host__ __device__ inline int64_t line_items(const Move& m) {
+    return whole_lines(m) ? m.to.inner * m.bytes / 16 : m.to.inner;
+}
+
+// Lines of `m`, threadIdx.x along a line and threadIdx.y over lines (short
+// lines share a block). Whole lines: each thread gathers 16 bytes of
+// elements and stores them at once; otherwise element by element.
 template <class Word>
 __device__ void copy_lines(const Move& m) {
     constexpr int kPer = 16 / sizeof(Word);
     const Word* src = static_cast<const Word*>(m.from.data);
     Word* dst = static_cast<Word*>(const_cast<void*>(m.to.data));
-    const bool whole = ((reinterpret_cast<uintptr_t>(dst) | uintptr_t(m.to.ld * sizeof(Word)) |
-                         uintptr_t(m.to.batch_stride * sizeof(Word)) | uintptr_t(m.to.inner * sizeof(Word))) & 15) == 0;
+    const bool whole = whole_lines(m);
+    const int64_t items = whole ? m.to.inner / kPer : m.to.inner;
     const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t line = blockIdx.y; line < m.batch * m.to.outer; line += gridDim.y) {
+    const int64_t lines = m.batch * m.to.outer;
+    for (int64_t line = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; line < lines;
+         line += int64_t(gridDim.y) * blockDim.y) {
         const int64_t b = line / m.to.outer, i = line - b * m.to.outer;
         const Word* from = src + b * m.from.batch_stride + i * m.from.ld;
         Word* to = dst + b * m.to.batch_stride + i * m.to.ld;
         const int64_t have = i < m.from.outer ? m.from.inner : 0;  // source elements on this line
-        if (whole) {
-            for (int64_t c = first; c < m.to.inner / kPer; c += step) {
+        for (int64_t c = first; c < items; c += step) {
+            if (whole) {
                 alignas(16) Word chunk[kPer];
 #pragma unroll
                 for (int e = 0; e < kPer; ++e)
                     chunk[e] = c * kPer + e < have ? from[(c * kPer + e) * m.from.step] : Word(0);
                 reinterpret_cast<uint4*>(to)[c] = *reinterpret_cast<const uint4*>(chunk);
+            } else {
+                to[c] = c < have ? from[c * m.from.step] : Word(0);
             }
-        } else {
-            for (int64_t j = first; j < m.to.inner; j += step) to[j] = j < have ? from[j * m.from.step] : Word(0);
         }
     }
 }
@@ -218,19 +233,23 @@ __global__ void copy_padded(Moves moves) {
     }
 }
 
-// Queue the copies `move[0, count)` on `stream` as one launch.
+// Queue the copies `move[0, count)` on `stream` as one launch: 256 threads
+// a block, as many along a line as its work items need (a power of two),
+// the rest over lines; about one item per thread.
 inline cudaError_t copy(const Move* move, int count, cudaStream_t stream) {
     if (count < 1) return cudaSuccess;
     Moves moves{};
-    int64_t inner = 1, lines = 1;
+    int64_t items = 1, lines = 1;
     for (int i = 0; i < count; ++i) {
         moves.move[i] = move[i];
-        inner = std::max(inner, move[i].to.inner);
+        items = std::max(items, line_items(move[i]));
         lines = std::max(lines, move[i].batch * move[i].to.outer);
     }
-    const unsigned threads = 256;
-    const dim3 grid(unsigned(std::min<int64_t>((inner + threads - 1) / threads, 64)),
-                    unsigned(std::min<int64_t>(lines, 65535)), unsigned(count));
+    unsigned along = 1;
+    while (along < 256 && along < items) along *= 2;
+    const dim3 threads(along, 256 / along);
+    const dim3 grid(unsigned(std::min<int64_t>((items + along - 1) / along, 64)),
+                    unsigned(std::min<int64_t>((lines + threads.y - 1) / threads.y, 65535)), unsigned(count));
     copy_padded<<<grid, threads, 0, stream>>>(moves);
     return cudaGetLastError();
 }
