@@ -96,6 +96,9 @@ class _Operator:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter adds no behaviour to a call
+# Whether autocast is on for any device (a private torch function; where a
+# torch lacks it, say yes and let `autocast` ask per device).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _function_mode = torch._C._is_torch_function_mode_enabled
 _transform = torch._C._functorch.peek_interpreter_stack
 
@@ -294,6 +297,8 @@ def autocast(*tensors) -> tuple:
     their device: floating ones cast to the autocast dtype (bf16 or fp16);
     unchanged when autocast is off. Differentiable (a cast), and traced by
     torch.compile like any cast."""
+    if not _any_autocast():  # the common case, without asking each tensor its device
+        return tensors
     device = next((t.device.type for t in tensors if t is not None), None)
     if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):  # meta has no autocast
         return tensors
