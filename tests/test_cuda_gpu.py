@@ -284,7 +284,7 @@ def test_grouped_mm_replays_in_a_cuda_graph_with_new_offsets(gen):
 def test_grouped_mm_bad_device_offsets_write_nothing(gen):
     a, b, offsets = moe([10, 20, 30], 128, 64, gen)
     offsets.copy_(torch.tensor([10, 5, 30], dtype=torch.int32))  # not non-decreasing
-    out = dispatcher.grouped_mm(a, b, offsets, target="cuda")
+    dispatcher.grouped_mm(a, b, offsets, target="cuda")  # runs, raises nothing
     torch.cuda.synchronize()
     # nothing written: the new result holds whatever the allocator gave it, so
     # compare with a poisoned run through the Dispatcher
@@ -297,6 +297,29 @@ def test_grouped_mm_bad_device_offsets_write_nothing(gen):
     dispatcher.api.default_dispatcher().run(problem, operands, None, {"stream": session.stream})
     torch.cuda.synchronize()
     assert torch.isnan(result.owner.float()).all()
+
+
+# grouped_mm with operands TMA cannot read in place: K and N off a multiple of
+# 8 bf16 (A, every B and C staged), and a B viewed at an odd offset (B alone).
+@pytest.mark.parametrize("n, k, b_offset", [(70, 100, 0), (256, 512, 1), (8, 8, 0)])
+def test_grouped_mm_stages_unaligned_operands(n, k, b_offset, gen):
+    counts = [7, 0, 300, 1, 64, 129]
+    a, b, offsets = moe(counts, n, k, gen, tail=5)
+    if b_offset:  # the same matrices one element into a larger buffer: a misaligned pointer
+        b = torch.cat([b.new_zeros(1), b.reshape(-1)])[b_offset:].reshape(b.shape)
+    from dispatcher.problem import prepare_grouped_mm
+    from dispatcher.targets import cuda_memory
+    session = cuda_memory.DeviceSession(a, b, offsets)
+    problem, operands, result = prepare_grouped_mm(*session.arrays, target="cuda", memory=session.memory,
+                                                   allocate=session.empty)
+    cuda_memory.DEVICE.poison(result, session.stream)
+    dispatcher.api.default_dispatcher().run(problem, operands, None, {"stream": session.stream})
+    torch.cuda.synchronize()
+    out = result.owner  # the new (total_M, N) bf16 tensor
+    assert max_rel(out.float().cpu().numpy(), stacked_reference(a, b, offsets)) <= dtypes.relative_tolerance("bf16", k)
+    public = dispatcher.grouped_mm(a, b, offsets)  # the public call, target following the data
+    torch.cuda.synchronize()
+    assert torch.equal(public, out)
 
 
 def test_autotune_on_the_gpu(tmp_path, gen):

@@ -203,19 +203,68 @@ void check_stacked(const dispatcher_grouped_mm_args* a) {
     if (a->group_count > INT32_MAX || a->total_m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX)
         throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "grouped_mm sizes must fit in 32 bits");
     if (!a->offsets || !a->a || !a->b || !a->c) throw dcuda::Failure(DISPATCHER_ERROR, "null operand pointer");
-    // TMA reads each group's A rows, B matrix and C rows at 16-byte aligned
-    // addresses: row-major A rows, B batches and C rows must be 16 bytes apart.
-    constexpr int kAlign = 16;
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
     if (!T::kARow)
         throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "the stacked form needs a row-major A on cuda "
                                                      "(a group's rows must start 16-byte aligned)");
-    if (!aligned(a->a) || !aligned(a->b) || !aligned(a->c) ||
-        a->lda * sizeof(T::ElementA) % kAlign || a->ldb * sizeof(T::ElementB) % kAlign ||
-        a->stride_b * sizeof(T::ElementB) % kAlign || a->ldc * sizeof(T::ElementC) % kAlign)
-        throw dcuda::Failure(DISPATCHER_UNSUPPORTED, "TMA needs 16-byte aligned pointers, leading "
-                                                     "dimensions and group strides");
 }
+
+// The stacked call as the kernel runs it: where TMA cannot read an operand
+// in place (K, or N where it is contiguous, off a multiple of 16 bytes; a
+// pointer, pitch or group stride off 16 bytes), on zero-padded copies at
+// the front of the workspace, as a single-problem call is staged
+// (native/cuda/staging.hpp): A's rows, each group's B, and C's rows, which
+// are copied back after the GEMM. Zero columns of K add nothing; C's padded
+// columns are dropped. `args` points into the workspace by offset until
+// `bind` moves its staged pointers to addresses.
+struct StackedCall {
+    dispatcher_grouped_mm_args args;
+    dcuda::Staging copies;  // its moves and byte count (its argument block is unused here)
+    bool staged_a = false, staged_b = false, staged_c = false;
+
+    explicit StackedCall(const dispatcher_grouped_mm_args* a) : args(*a) {
+        using EA = T::ElementA;
+        using EB = T::ElementB;
+        using EC = T::ElementC;
+        constexpr int64_t alA = 16 / sizeof(EA), alB = 16 / sizeof(EB), alC = 16 / sizeof(EC);
+        const int64_t m = a->total_m, n = a->n, k = a->k, groups = a->group_count;
+        const int64_t kp = (k % alA || (!T::kBRow && k % alB)) ? dcuda::round_up(k, std::max(alA, alB)) : k;
+        const int64_t np = ((T::kBRow && n % alB) || n % alC)
+                               ? dcuda::round_up(n, std::max(T::kBRow ? alB : int64_t(1), alC)) : n;
+        auto off = [](const void* p, int64_t ld, int64_t al) { return !dcuda::aligned16(p) || ld % al; };
+        if (kp != k || off(a->a, a->lda, alA)) {
+            const auto to = copies.place(dcuda::Stored{a->a, m, k, a->lda, 0}, m, kp, 1, sizeof(EA), true);
+            args.a = const_cast<void*>(to.data), args.lda = to.ld, staged_a = true;
+        }
+        const dcuda::Stored b{a->b, T::kBRow ? k : n, T::kBRow ? n : k, a->ldb, a->stride_b};
+        if (kp != k || np != n || off(a->b, a->ldb, alB) || (groups > 1 && a->stride_b % alB)) {
+            const auto to = copies.place(b, T::kBRow ? kp : np, T::kBRow ? np : kp, groups, sizeof(EB), true);
+            args.b = const_cast<void*>(to.data), args.ldb = to.ld, args.stride_b = to.batch_stride, staged_b = true;
+        }
+        if (np != n || off(a->c, a->ldc, alC)) {
+            const dcuda::Stored c{a->c, m, n, a->ldc, 0};
+            const auto to = copies.place(c, m, np, 1, sizeof(EC), false);
+            args.c = const_cast<void*>(to.data), args.ldc = to.ld, staged_c = true;
+            copies.out = dcuda::Move{to, c, 1, int(sizeof(EC))};
+            copies.copy_out = true;
+        }
+        args.n = np, args.k = kp;
+    }
+
+    // The call bound to `workspace`: staged operands moved from offsets to
+    // addresses; the workspace the grouped kernel gets starts after them.
+    void bind(void* workspace) {
+        auto at = [&](const void* offset) {
+            return static_cast<void*>(static_cast<char*>(workspace) + reinterpret_cast<intptr_t>(offset));
+        };
+        for (int i = 0; i < copies.moves_in; ++i) copies.in[i].to.data = at(copies.in[i].to.data);
+        if (copies.copy_out) copies.out.from.data = at(copies.out.from.data);
+        if (staged_a) args.a = at(args.a);
+        if (staged_b) args.b = at(args.b);
+        if (staged_c) args.c = at(args.c);
+        args.workspace = static_cast<char*>(workspace) + copies.bytes;
+        args.workspace_bytes -= copies.bytes;
+    }
+};
 
 typename Gemm::Arguments stacked_arguments(const dispatcher_grouped_mm_args* a, char* staged) {
     return arguments_of(a->alpha, 0.0, int(a->group_count), nullptr, staged);
@@ -223,34 +272,47 @@ typename Gemm::Arguments stacked_arguments(const dispatcher_grouped_mm_args* a, 
 
 int64_t stacked_workspace_bytes(const dispatcher_grouped_mm_args* a) {
     check_stacked(a);
-    auto arguments = stacked_arguments(a, nullptr);
-    return int64_t(Staging(a->group_count).bytes + Gemm::get_workspace_size(arguments));
+    const StackedCall call(a);
+    auto arguments = stacked_arguments(&call.args, nullptr);
+    return call.copies.bytes + int64_t(Staging(a->group_count).bytes + Gemm::get_workspace_size(arguments));
 }
 
-int run_stacked(const dispatcher_grouped_mm_args* a) {
+int run_stacked(const dispatcher_grouped_mm_args* given) {
     return dcuda::guarded([&] {
-        check_stacked(a);
-        if (!a->total_m || !a->n) return DISPATCHER_OK;
+        check_stacked(given);
+        if (!given->total_m || !given->n) return DISPATCHER_OK;
+        StackedCall call(given);
+        if (!given->workspace || given->workspace_bytes < call.copies.bytes)
+            throw dcuda::Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_grouped_mm_workspace_size() "
+                                                   "(operands that break TMA's 16-byte rule are staged in it)");
+        call.bind(given->workspace);
+        const dispatcher_grouped_mm_args* a = &call.args;
+        auto stream = static_cast<cudaStream_t>(a->stream);
+        dcuda::check_cuda(dcuda::copy(call.copies.in, call.copies.moves_in, stream), "staging the operands");
         const Staging s(a->group_count);
         if (!a->workspace || a->workspace_bytes < int64_t(s.bytes))
             throw dcuda::Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_grouped_mm_workspace_size()");
-        auto stream = static_cast<cudaStream_t>(a->stream);
         char* staged = static_cast<char*>(a->workspace);
-        Stacked call{static_cast<const int32_t*>(a->offsets), int(a->group_count), a->total_m, int(a->n), int(a->k),
-                     static_cast<const T::ElementA*>(a->a), a->lda, static_cast<const T::ElementB*>(a->b),
-                     a->stride_b, static_cast<T::ElementC*>(a->c), a->ldc,
-                     dcuda::stride_with_ld<StrideA>(a->lda), dcuda::stride_with_ld<StrideB>(a->ldb),
-                     dcuda::stride_with_ld<StrideC>(a->ldc), dcuda::stride_with_ld<StrideD>(a->ldc)};
-        prepare_stacked<<<1, 1024, 0, stream>>>(call, staged);
+        Stacked stacked{static_cast<const int32_t*>(a->offsets), int(a->group_count), a->total_m, int(a->n),
+                        int(a->k), static_cast<const T::ElementA*>(a->a), a->lda,
+                        static_cast<const T::ElementB*>(a->b), a->stride_b, static_cast<T::ElementC*>(a->c), a->ldc,
+                        dcuda::stride_with_ld<StrideA>(a->lda), dcuda::stride_with_ld<StrideB>(a->ldb),
+                        dcuda::stride_with_ld<StrideC>(a->ldc), dcuda::stride_with_ld<StrideD>(a->ldc)};
+        prepare_stacked<<<1, 1024, 0, stream>>>(stacked, staged);
         dcuda::check_cuda(cudaGetLastError(), "preparing the stacked groups");
         const int64_t elements = a->total_m * a->n;
         const int blocks = int(std::min<int64_t>((elements + 255) / 256, 4 * dcuda::multiprocessor_count(dcuda::current_device())));
         zero_free_rows<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int64_t*>(staged + s.first_free_row),
-                                                   a->total_m, int(a->n), call.c, a->ldc);
+                                                   a->total_m, int(a->n), stacked.c, a->ldc);
         dcuda::check_cuda(cudaGetLastError(), "zeroing the rows no group owns");
-        if (!a->group_count || !a->k) return DISPATCHER_OK;
-        auto arguments = stacked_arguments(a, staged);
-        return dcuda::run_gemm<Gemm>(arguments, staged + s.bytes, a->workspace_bytes - int64_t(s.bytes), stream);
+        int status = DISPATCHER_OK;
+        if (a->group_count && a->k) {
+            auto arguments = stacked_arguments(a, staged);
+            status = dcuda::run_gemm<Gemm>(arguments, staged + s.bytes, a->workspace_bytes - int64_t(s.bytes), stream);
+        }
+        if (status == DISPATCHER_OK && call.copies.copy_out)
+            dcuda::check_cuda(dcuda::copy(&call.copies.out, 1, stream), "copying the staged result");
+        return status;
     });
 }
 }  // namespace
