@@ -230,6 +230,8 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
     if made.problem is not None and not options:  # calls like this one may go straight to the kernel
         held.key = _direct_key(record, {n: x for n, x in operands.items() if n != held.out}, params, {}, None,
                                False, False)
+        if not params and set(operands) == {held.names[0], held.names[1]}:  # p(a, b), as gemm(a, b) runs it
+            held.pair_key = _pair_key(*(operands[n] for n in held.names[:2]))
     return held
 
 
@@ -245,11 +247,18 @@ class HeldPlan:
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
         self.key = None  # the `_direct_key` of the planned call, where it may run directly
+        self.pair_key = None  # its `_pair_key`, where p(a, b) may run as a plain gemm(a, b)
+        self.pair = None  # the plan's `pair_runner`, once its first call has bound the kernel
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
 
     def __call__(self, *operands, **arguments):
+        if self.pair_key is not None and not arguments and len(operands) == 2:
+            if self.pair is None and self.plan.runs_direct():
+                self.pair = self.plan.pair_runner()
+            if self.pair is not None and self.plan.current() and _pair_key(*operands) == self.pair_key:
+                return self.pair(*operands)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
                                f"({', '.join(self.names)}), got {len(operands)}")
@@ -303,6 +312,14 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
     `$DISPATCHER_AUTOTUNE`.
     """
+    plain = (c is None and out is None and type(alpha) is float and alpha == 1.0 and type(beta) is float
+             and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
+             and strict is False and autotune is None and options is None and dispatcher is None)
+    key = _pair_key(a, b) if plain else None
+    if key is not None:
+        found = _PAIRS.get(key)
+        if found is not None and found[0].current():
+            return found[1](a, b)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -310,8 +327,40 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["c"]] = c
     if out is not None:
         arrays[roles["out"]] = out
-    return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
-                 config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+    result = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
+                   config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+    if key is not None:  # the plan the call made (or found) may serve the next such call directly
+        made = _DIRECT.get(_direct_key(record, arrays, {"alpha": alpha, "beta": beta}, {}, None, False, None))
+        runner = made.pair_runner() if made is not None else None
+        if runner is not None:
+            _PAIRS[key] = (made, runner)
+    return result
+
+
+# `gemm(a, b)` with every default, the commonest call: by `_pair_key`, its
+# plan and the plan's `pair_runner`, so that such a call costs a key, a
+# lookup and the runner.
+_PAIRS: dict = {}
+
+
+def _pair_key(a, b):
+    """What a plain `gemm(a, b)`'s plan depends on, read straight off two
+    numpy arrays or two torch CUDA tensors (shapes, strides, dtypes; a
+    tensor's device, the current stream and its address alignment class);
+    None for anything else."""
+    kind = type(a)
+    if kind is np.ndarray:
+        return (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype) if type(b) is np.ndarray else None
+    if not kind.__module__.startswith("torch"):
+        return None
+    plain = _plain_tensor_types()
+    if kind not in plain or type(b) not in plain or not a.is_cuda or not b.is_cuda:
+        return None
+    device = a.get_device()
+    if b.get_device() != device:
+        return None
+    return (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, _torch_stream(device),
+            a.data_ptr() % plans.ALIGNMENT == 0, b.data_ptr() % plans.ALIGNMENT == 0)
 
 
 def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,

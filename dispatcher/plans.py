@@ -26,7 +26,7 @@ import numpy as np
 
 from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
-from .library import bound_gemm_args, data_pointer, gemm_args
+from .library import GemmArgs, bound_gemm_args, data_pointer, gemm_args
 from .problem import ArraySpec, _integer_output_scalars
 from .workspace import WORKSPACES
 
@@ -197,6 +197,43 @@ class Plan(_Launches):
         if status:
             library.check(status)
         return result
+
+    def pair_runner(self):
+        """The plan's calls as `gemm(a, b)` with every default makes them
+        (no c or out, alpha 1, beta 0: `api.gemm`'s memo of such calls),
+        or None where they cannot go straight to the kernel: a function of
+        (a, b) that allocates the result, points a copy of the argument
+        block (its scalars fixed at those defaults) at the three arrays and
+        calls the entry point. Made once; the fewest steps a call can take."""
+        if not self.runs_direct() or len(self._slots) != 3 or self._slots[2] is not None or \
+                self.layout.integer_output or self.record.params:
+            return None
+        entry, template, library, nbytes = self._direct
+        template = bound_gemm_args(template, (0, 0, 0), (1.0, 0.0, 1.0, 1.0), ())
+        swap = self._slots[0] == self.names["b"]  # transposed: the kernel's A is b
+        shape, dtype, stream = self.layout.result_shape, self.layout.result_dtype, self.options.get("stream", 0)
+        torch_dtype = None
+
+        def run(a, b):
+            nonlocal torch_dtype
+            if type(a) is np.ndarray:
+                result = np.empty(shape, dtype)
+                pa, pb, pc = data_pointer(a), data_pointer(b), data_pointer(result)
+            else:  # torch CUDA tensors
+                if torch_dtype is None:
+                    from .targets.cuda_memory import torch_types
+                    torch_dtype = torch_types()[1][np.dtype(dtype)]
+                result = a.new_empty(shape, dtype=torch_dtype)
+                pa, pb, pc = a.data_ptr(), b.data_ptr(), result.data_ptr()
+            args = GemmArgs.from_buffer_copy(template)
+            args.a, args.b, args.c = (pb, pa, pc) if swap else (pa, pb, pc)
+            if nbytes:
+                WORKSPACES.attach(library, args, stream, nbytes)
+            status = entry(args)
+            if status:
+                library.check(status)
+            return result
+        return run
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

@@ -80,6 +80,37 @@ def test_a_held_plan_runs_new_data_and_refuses_other_arrays(d, rng):
     assert held(a, b, out=out) is out and max_rel(out, reference(a, b)) <= 1e-5
 
 
+def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng, monkeypatch):
+    """`gemm(a, b)` with every default, the commonest call, runs its plan's
+    pair runner (a key, a lookup, the entry point), made by the first such
+    call; a call with other scalars on the same plan leaves them out of it,
+    and so does a held plan of the same arrays."""
+    from dispatcher import api
+    a, b = random_matrix(37, 29, "fp32", "r", rng), random_matrix(29, 21, "fp32", "c", rng)
+    c = random_matrix(37, 21, "fp32", "r", rng)
+    assert max_rel(dispatcher.gemm(a, b, alpha=2.0), reference(a, b, alpha=2.0)) <= 1e-5  # makes the plan
+    assert max_rel(dispatcher.gemm(a, b, c=c, beta=0.5), reference(a, b, c, beta=0.5)) <= 1e-5
+    for _ in range(2):
+        a2 = random_matrix(37, 29, "fp32", "r", rng)
+        assert max_rel(dispatcher.gemm(a2, b), reference(a2, b)) <= 1e-5
+    key = api._pair_key(a, b)
+    plan, runner = api._PAIRS[key]
+    ran = []
+    monkeypatch.setitem(api._PAIRS, key, (plan, lambda x, y: ran.append(1) or runner(x, y)))
+    assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5 and ran == [1]
+    assert max_rel(dispatcher.gemm(a, b, alpha=3.0), reference(a, b, alpha=3.0)) <= 1e-5 and ran == [1]
+    held = dispatcher.plan("regular", a=a, b=b)
+    for _ in range(3):  # the first call binds the kernel; the others run the pair runner
+        a2 = random_matrix(37, 29, "fp32", "r", rng)
+        assert max_rel(held(a2, b), reference(a2, b)) <= 1e-5
+    assert held.pair is not None
+    with pytest.raises(ProblemError, match="do not match the plan"):
+        held(a, np.ascontiguousarray(b))  # another layout: not the pair's key, and refused
+    scaled = dispatcher.plan("regular", a=a, b=b, alpha=2.0)  # its own scalars: never the pair runner
+    assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5
+    assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5 and scaled.pair_key is None
+
+
 def test_beta_and_c_through_the_plan(d, rng):
     a, b = random_matrix(20, 12, "fp32", "r", rng), random_matrix(12, 28, "fp32", "r", rng)
     c = random_matrix(20, 28, "fp32", "r", rng)
