@@ -329,18 +329,25 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["out"]] = out
     result = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
                    config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
-    if key is not None:  # the plan the call made (or found) may serve the next such call directly
-        made = _DIRECT.get(_direct_key(record, arrays, {"alpha": alpha, "beta": beta}, {}, None, False, None))
-        runner = made.pair_runner() if made is not None else None
-        if runner is not None:
-            _PAIRS[key] = (made, runner)
+    if key is not None:
+        _remember_pair(key, record, arrays, {"alpha": alpha, "beta": beta})
     return result
 
 
-# `gemm(a, b)` with every default, the commonest call: by `_pair_key`, its
-# plan and the plan's `pair_runner`, so that such a call costs a key, a
-# lookup and the runner.
+# `gemm(a, b)` and `matmul(a, b)` with every default, the commonest calls:
+# by `_pair_key`, the plan and its `pair_runner`, so that such a call costs
+# a key, a lookup and the runner. (Both run the regular variant on 2-D
+# operands with the same plan; matmul's batched ones have more dims.)
 _PAIRS: dict = {}
+
+
+def _remember_pair(key, record, arrays: dict, params: dict):
+    """After a plain call went the general way: the plan it made (or found)
+    serves the next such call directly, where its kernel allows."""
+    made = _DIRECT.get(_direct_key(record, arrays, params, {}, None, False, None))
+    runner = made.pair_runner() if made is not None else None
+    if runner is not None:
+        _PAIRS[key] = (made, runner)
 
 
 def _pair_key(a, b):
@@ -395,6 +402,18 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     one value per output column (N,) or per row (M, 1), optionally with
     batch dims; stored in the output dtype. activation: relu, gelu or silu.
     """
+    plain = (out is None and bias is None and activation is None and type(alpha) is float and alpha == 1.0
+             and type(scale_a) is float and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0
+             and out_dtype is None and variant is None and target == "auto" and config is None and options is None
+             and dispatcher is None)
+    key = _pair_key(a, b) if plain else None
+    if key is not None:
+        if len(key[0]) < 2 or len(key[3]) < 2:  # a vector: the general path squeezes it
+            key = None
+        else:
+            found = _PAIRS.get(key)
+            if found is not None and found[0].current():
+                return found[1](a, b)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:
@@ -412,6 +431,8 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         extra.update(scale_a=scale_a, scale_b=scale_b)
     result = run(variant, a=a, b=b, out=out, alpha=alpha, target=target, out_dtype=out_dtype,
                  config=config, options=options, dispatcher=dispatcher, **extra)
+    if key is not None:
+        _remember_pair(key, _record(None, variant), {"a": a, "b": b, "out": None}, {"alpha": alpha})
     return result.squeeze(tuple(squeeze)) if squeeze else result
 
 

@@ -111,6 +111,24 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
     assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5 and scaled.pair_key is None
 
 
+def test_plain_matmul_calls_run_the_pair_runner_of_their_plan(rng):
+    """`matmul(a, b)` with every default takes the same shortest path as
+    `gemm(a, b)`: 2-D operands share gemm's plan, batched ones (a broadcast
+    B too) their batched plan; a vector operand goes the general way."""
+    from dispatcher import api
+    cases = [((19, 23), (23, 11)), ((3, 19, 23), (3, 23, 11)), ((3, 19, 23), (23, 11)), ((23,), (23, 11))]
+    for shape_a, shape_b in cases:
+        a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
+        for _ in range(3):  # the first call plans and binds; the others run the pair runner
+            a2 = rng.standard_normal(shape_a).astype(np.float32)
+            assert max_rel(dispatcher.matmul(a2, b), np.matmul(a2.astype(np.float64), b)) <= 1e-5
+        assert (api._pair_key(a, b) in api._PAIRS) == (len(shape_a) > 1), (shape_a, shape_b)
+    a, b = rng.standard_normal((19, 23)).astype(np.float32), rng.standard_normal((23, 11)).astype(np.float32)
+    plan = api._PAIRS[api._pair_key(a, b)][0]
+    assert dispatcher.gemm(a, b).shape == (19, 11) and api._PAIRS[api._pair_key(a, b)][0] is plan  # gemm's too
+    assert max_rel(dispatcher.matmul(a, b, alpha=2.0), 2 * reference(a, b)) <= 1e-5  # its own scalars
+
+
 def test_beta_and_c_through_the_plan(d, rng):
     a, b = random_matrix(20, 12, "fp32", "r", rng), random_matrix(12, 28, "fp32", "r", rng)
     c = random_matrix(20, 28, "fp32", "r", rng)
