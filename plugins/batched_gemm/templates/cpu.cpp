@@ -10,7 +10,7 @@ int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
         const dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t per_batch = P.tiles(), tiles = per_batch * P.batch;
-        const int threads = dcpu::thread_count(T::threads, args->workers);
+        const int threads = dcpu::thread_count(T::threads, args->workers, 2.0 * P.m * P.n * P.k * P.batch);
         // Many tiles: runs of kChunk handed out as threads finish; the next
         // tile of a run is prefetched while one computes.
         constexpr int kChunk = 8;

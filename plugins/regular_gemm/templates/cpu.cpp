@@ -8,7 +8,7 @@ int run(const dispatcher_gemm_args* args) {
     return dispatcher_abi::guarded([&] {
         dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t tiles = P.tiles();
-        const int threads = dcpu::thread_count(T::threads, args->workers);
+        const int threads = dcpu::thread_count(T::threads, args->workers, 2.0 * P.m * P.n * P.k);
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
