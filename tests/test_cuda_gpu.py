@@ -288,6 +288,13 @@ def test_grouped_mm_bad_device_offsets_write_nothing(gen):
     torch.cuda.synchronize()
     # nothing written: the new result holds whatever the allocator gave it, so
     # compare with a poisoned run through the Dispatcher
+    assert torch.isnan(poisoned_grouped_mm(a, b, offsets).float()).all()
+
+
+def poisoned_grouped_mm(a, b, offsets):
+    """grouped_mm through the default Dispatcher into a result poisoned with
+    NaN first (the public call's new result holds whatever the allocator
+    gave it); returns that (total_M, N) tensor."""
     from dispatcher.problem import prepare_grouped_mm
     from dispatcher.targets import cuda_memory
     session = cuda_memory.DeviceSession(a, b, offsets)
@@ -296,7 +303,7 @@ def test_grouped_mm_bad_device_offsets_write_nothing(gen):
     cuda_memory.DEVICE.poison(result, session.stream)
     dispatcher.api.default_dispatcher().run(problem, operands, None, {"stream": session.stream})
     torch.cuda.synchronize()
-    assert torch.isnan(result.owner.float()).all()
+    return result.owner
 
 
 # grouped_mm with operands TMA cannot read in place: K and N off a multiple of
@@ -307,15 +314,7 @@ def test_grouped_mm_stages_unaligned_operands(n, k, b_offset, gen):
     a, b, offsets = moe(counts, n, k, gen, tail=5)
     if b_offset:  # the same matrices one element into a larger buffer: a misaligned pointer
         b = torch.cat([b.new_zeros(1), b.reshape(-1)])[b_offset:].reshape(b.shape)
-    from dispatcher.problem import prepare_grouped_mm
-    from dispatcher.targets import cuda_memory
-    session = cuda_memory.DeviceSession(a, b, offsets)
-    problem, operands, result = prepare_grouped_mm(*session.arrays, target="cuda", memory=session.memory,
-                                                   allocate=session.empty)
-    cuda_memory.DEVICE.poison(result, session.stream)
-    dispatcher.api.default_dispatcher().run(problem, operands, None, {"stream": session.stream})
-    torch.cuda.synchronize()
-    out = result.owner  # the new (total_M, N) bf16 tensor
+    out = poisoned_grouped_mm(a, b, offsets)
     assert max_rel(out.float().cpu().numpy(), stacked_reference(a, b, offsets)) <= dtypes.relative_tolerance("bf16", k)
     public = dispatcher.grouped_mm(a, b, offsets)  # the public call, target following the data
     torch.cuda.synchronize()
