@@ -248,17 +248,16 @@ class HeldPlan:
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
         self.key = None  # the `_direct_key` of the planned call, where it may run directly
         self.pair_key = None  # its `_pair_key`, where p(a, b) may run as a plain gemm(a, b)
-        self.pair = None  # the plan's `pair_runner`, once its first call has bound the kernel
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
 
     def __call__(self, *operands, **arguments):
         if self.pair_key is not None and not arguments and len(operands) == 2:
-            if self.pair is None and self.plan.runs_direct():
-                self.pair = self.plan.pair_runner()
-            if self.pair is not None and self.plan.current() and _pair_key(*operands) == self.pair_key:
-                return self.pair(*operands)
+            plan = self.plan
+            pair = plan.pair or plan.make_pair()
+            if pair is not None and plan.current() and _pair_key(*operands) == self.pair_key:
+                return pair(*operands)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
                                f"({', '.join(self.names)}), got {len(operands)}")
@@ -316,10 +315,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
     key = _pair_key(a, b) if plain else None
-    if key is not None:
+    if key is not None and len(key[0]) == len(key[3]) == 2:  # (matmul's batched pairs are not gemm's)
         found = _PAIRS.get(key)
-        if found is not None and found[0].current():
-            return found[1](a, b)
+        if found is not None and found.current() and found.pair is not None:
+            return found.pair(a, b)
+    elif key is not None:
+        key = None
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -335,9 +336,10 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
 
 
 # `gemm(a, b)` and `matmul(a, b)` with every default, the commonest calls:
-# by `_pair_key`, the plan and its `pair_runner`, so that such a call costs
+# by `_pair_key`, the plan whose `pair` runs them, so that such a call costs
 # a key, a lookup and the runner. (Both run the regular variant on 2-D
-# operands with the same plan; matmul's batched ones have more dims.)
+# operands with the same plan; matmul's batched ones have more dims, which
+# gemm refuses.)
 _PAIRS: dict = {}
 
 
@@ -345,9 +347,8 @@ def _remember_pair(key, record, arrays: dict, params: dict):
     """After a plain call went the general way: the plan it made (or found)
     serves the next such call directly, where its kernel allows."""
     made = _DIRECT.get(_direct_key(record, arrays, params, {}, None, False, None))
-    runner = made.pair_runner() if made is not None else None
-    if runner is not None:
-        _PAIRS[key] = (made, runner)
+    if made is not None and made.make_pair() is not None:
+        _PAIRS[key] = made
 
 
 def _pair_key(a, b):
@@ -412,8 +413,8 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
             key = None
         else:
             found = _PAIRS.get(key)
-            if found is not None and found[0].current():
-                return found[1](a, b)
+            if found is not None and found.current() and found.pair is not None:
+                return found.pair(a, b)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:

@@ -152,6 +152,7 @@ class Plan(_Launches):
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
         self._direct = None  # (entry point, argument template, library, workspace bytes) of a standard GEMM launch
+        self.pair = None  # `make_pair`'s runner of plain (a, b) calls, while the kernel it binds is the plan's
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
         self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
@@ -198,13 +199,15 @@ class Plan(_Launches):
             library.check(status)
         return result
 
-    def pair_runner(self):
-        """The plan's calls as `gemm(a, b)` with every default makes them
-        (no c or out, alpha 1, beta 0: `api.gemm`'s memo of such calls),
-        or None where they cannot go straight to the kernel: a function of
-        (a, b) that allocates the result, points a copy of the argument
-        block (its scalars fixed at those defaults) at the three arrays and
-        calls the entry point. Made once; the fewest steps a call can take."""
+    def make_pair(self):
+        """`pair`: the plan's calls as `gemm(a, b)` with every default makes
+        them (no c or out, alpha 1, beta 0: `api.gemm`'s memo of such
+        calls), or None where they cannot go straight to the kernel (yet: a
+        plan's first call binds it). A function of (a, b) that allocates
+        the result, points a copy of the argument block (its scalars fixed
+        at those defaults) at the three arrays and calls the entry point;
+        the fewest steps a call can take. Made once per bound kernel: a
+        plan that chooses again (after a plugin registration) drops it."""
         if not self.runs_direct() or len(self._slots) != 3 or self._slots[2] is not None or \
                 self.layout.integer_output or self.record.params:
             return None
@@ -233,6 +236,7 @@ class Plan(_Launches):
             if status:
                 library.check(status)
             return result
+        self.pair = run
         return run
 
     def matches(self, arrays: dict) -> bool:
@@ -306,6 +310,7 @@ class Plan(_Launches):
         options and the alignment class, which decides what a CUDA kernel
         stages)."""
         super()._choose(block)
+        self.pair = None  # it bound the kernel chosen before
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
         if direct is not None and not self.layout.outer_dims:

@@ -281,8 +281,9 @@ def test_grouped_mm_replays_in_a_cuda_graph_with_new_offsets(gen):
         assert max_rel(out.float().cpu().numpy(), stacked_reference(a, b, offsets)) <= 1e-2, counts
 
 
-def test_grouped_mm_bad_device_offsets_write_nothing(gen):
-    a, b, offsets = moe([10, 20, 30], 128, 64, gen)
+@pytest.mark.parametrize("n", [128, 70])  # 70: C staged (copied in and back)
+def test_grouped_mm_bad_device_offsets_write_nothing(n, gen):
+    a, b, offsets = moe([10, 20, 30], n, 64, gen)
     offsets.copy_(torch.tensor([10, 5, 30], dtype=torch.int32))  # not non-decreasing
     dispatcher.grouped_mm(a, b, offsets, target="cuda")  # runs, raises nothing
     torch.cuda.synchronize()

@@ -94,19 +94,20 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(dispatcher.gemm(a2, b), reference(a2, b)) <= 1e-5
     key = api._pair_key(a, b)
-    plan, runner = api._PAIRS[key]
-    ran = []
-    monkeypatch.setitem(api._PAIRS, key, (plan, lambda x, y: ran.append(1) or runner(x, y)))
+    plan = api._PAIRS[key]
+    runner, ran = plan.pair, []
+    monkeypatch.setattr(plan, "pair", lambda x, y: ran.append(1) or runner(x, y))
     from dispatcher import plans  # the runner's result starts poisoned: every element must be written
     monkeypatch.setattr(plans, "np", SimpleNamespace(ndarray=np.ndarray, empty=lambda *s: poison(np.empty(*s))))
     assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5 and ran == [1]
     monkeypatch.setattr(plans, "np", np)
+    monkeypatch.setattr(plan, "pair", runner)
     assert max_rel(dispatcher.gemm(a, b, alpha=3.0), reference(a, b, alpha=3.0)) <= 1e-5 and ran == [1]
     held = dispatcher.plan("regular", a=a, b=b)
     for _ in range(3):  # the first call binds the kernel; the others run the pair runner
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(held(a2, b), reference(a2, b)) <= 1e-5
-    assert held.pair is not None
+    assert held.plan.pair is not None
     with pytest.raises(ProblemError, match="do not match the plan"):
         held(a, np.ascontiguousarray(b))  # another layout: not the pair's key, and refused
     scaled = dispatcher.plan("regular", a=a, b=b, alpha=2.0)  # its own scalars: never the pair runner
@@ -127,9 +128,40 @@ def test_plain_matmul_calls_run_the_pair_runner_of_their_plan(rng):
             assert max_rel(dispatcher.matmul(a2, b), np.matmul(a2.astype(np.float64), b)) <= 1e-5
         assert (api._pair_key(a, b) in api._PAIRS) == (len(shape_a) > 1), (shape_a, shape_b)
     a, b = rng.standard_normal((19, 23)).astype(np.float32), rng.standard_normal((23, 11)).astype(np.float32)
-    plan = api._PAIRS[api._pair_key(a, b)][0]
-    assert dispatcher.gemm(a, b).shape == (19, 11) and api._PAIRS[api._pair_key(a, b)][0] is plan  # gemm's too
+    plan = api._PAIRS[api._pair_key(a, b)]
+    assert dispatcher.gemm(a, b).shape == (19, 11) and api._PAIRS[api._pair_key(a, b)] is plan  # gemm's too
     assert max_rel(dispatcher.matmul(a, b, alpha=2.0), 2 * reference(a, b)) <= 1e-5  # its own scalars
+    batched = rng.standard_normal((3, 19, 23)).astype(np.float32)
+    dispatcher.matmul(batched, batched[0].T.copy())  # a batched pair, with 3-D and 2-D keys
+    for x, y in ((batched, batched[0].T.copy()), (batched, np.swapaxes(batched, 1, 2).copy())):
+        dispatcher.matmul(x, y)
+        with pytest.raises(ProblemError, match="2-D"):  # gemm takes no batched pair: it refuses as ever
+            dispatcher.gemm(x, y)
+
+
+def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
+    """After a plugin registration the plan chooses (and binds) its kernel
+    again, and the runner of plain calls is made anew for that kernel."""
+    from dispatcher import api
+    from dispatcher.plugins import get_manager
+    a, b = random_matrix(21, 13, "fp32", "r", rng), random_matrix(13, 9, "fp32", "r", rng)
+    for _ in range(2):
+        dispatcher.gemm(a, b)
+    plan = api._PAIRS[api._pair_key(a, b)]
+    before = plan.pair
+    assert before is not None
+
+    class Nothing:
+        pass
+    manager = get_manager()
+    manager.register(Nothing(), "nothing-test-plugin")
+    try:
+        for _ in range(2):
+            assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5
+        now = api._PAIRS[api._pair_key(a, b)]
+        assert now.pair is not None and now.pair is not before
+    finally:
+        manager.unregister(name="nothing-test-plugin")
 
 
 def test_beta_and_c_through_the_plan(d, rng):

@@ -213,7 +213,8 @@ void check_stacked(const dispatcher_grouped_mm_args* a) {
 // pointer, pitch or group stride off 16 bytes), on zero-padded copies at
 // the front of the workspace, as a single-problem call is staged
 // (native/cuda/staging.hpp): A's rows, each group's B, and C's rows, which
-// are copied back after the GEMM. Zero columns of K add nothing; C's padded
+// are copied back after the GEMM (and in before it: bad offsets run no
+// group, and C must then come back as it was). Zero columns of K add nothing; C's padded
 // columns are dropped. `args` points into the workspace by offset until
 // `bind` moves its staged pointers to addresses.
 struct StackedCall {
@@ -242,7 +243,8 @@ struct StackedCall {
         }
         if (np != n || off(a->c, a->ldc, alC)) {
             const dcuda::Stored c{a->c, m, n, a->ldc, 0};
-            const auto to = copies.place(c, m, np, 1, sizeof(EC), false);
+            // copied in too: where the offsets are bad nothing runs, and C must come back unchanged
+            const auto to = copies.place(c, m, np, 1, sizeof(EC), true);
             args.c = const_cast<void*>(to.data), args.ldc = to.ld, staged_c = true;
             copies.out = dcuda::Move{to, c, 1, int(sizeof(EC))};
             copies.copy_out = true;
