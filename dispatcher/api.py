@@ -173,7 +173,10 @@ def _direct_key(record, arrays: dict, params: dict, choices: dict, out_dtype, st
                 parts.append((name, x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
             elif x is not None:
                 return None  # mixed kinds or devices: the general path says what is wrong
-        where = (device, _torch_stream(device))
+        stream = _torch_stream(device)
+        if stream is None:
+            return None
+        where = (device, stream)
     else:
         return None
     return (id(record), tuple(parts), tuple(sorted(choices.items())) if choices else (), out_dtype, where,
@@ -193,11 +196,15 @@ def _plain_tensor_types() -> tuple:
     return _PLAIN_TENSORS[0]
 
 
-def _torch_stream(device: int) -> int:
+def _torch_stream(device: int):
+    """The current stream of `device`, or None where `device` is not this
+    thread's current device: the kernel would launch on another GPU, so the
+    call takes the general path, whose session makes it current."""
     if not _RUNTIME:
         from .targets.cuda_runtime import runtime
         _RUNTIME.append(runtime("torch"))
-    return _RUNTIME[0].current_stream(device)
+    rt = _RUNTIME[0]
+    return rt.current_stream(device) if rt.current_device() == device else None
 
 
 def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, config=None, options=None,
@@ -365,9 +372,10 @@ def _pair_key(a, b):
     if kind not in plain or type(b) not in plain or not a.is_cuda or not b.is_cuda:
         return None
     device = a.get_device()
-    if b.get_device() != device:
+    stream = _torch_stream(device) if b.get_device() == device else None
+    if stream is None:
         return None
-    return (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, _torch_stream(device),
+    return (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, stream,
             a.data_ptr() % plans.ALIGNMENT == 0, b.data_ptr() % plans.ALIGNMENT == 0)
 
 

@@ -42,6 +42,7 @@ class TorchRuntime:
         import torch
         self.torch = torch
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._get_device = getattr(torch._C, "_cuda_getDevice", None)  # skips torch.cuda's lazy-init check
         self._ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
     def device_count(self) -> int:
@@ -54,6 +55,8 @@ class TorchRuntime:
         return self.torch.cuda.get_device_properties(self.torch.cuda.current_device()).multi_processor_count
 
     def current_device(self) -> int:
+        if self._get_device is not None:
+            return self._get_device()
         return self.torch.cuda.current_device()
 
     def set_device(self, device: int):
