@@ -322,12 +322,11 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
     key = _pair_key(a, b) if plain else None
-    if key is not None and len(key[0]) == len(key[3]) == 2:  # (matmul's batched pairs are not gemm's)
-        found = _PAIRS.get(key)
-        if found is not None and found.current() and found.pair is not None:
-            return found.pair(a, b)
-    elif key is not None:
+    if key is not None and not len(key[0]) == len(key[3]) == 2:  # matmul's batched pairs are not gemm's
         key = None
+    runner = _paired(key)
+    if runner is not None:
+        return runner(a, b)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -348,6 +347,13 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
 # operands with the same plan; matmul's batched ones have more dims, which
 # gemm refuses.)
 _PAIRS: dict = {}
+
+
+def _paired(key):
+    """The runner of the plain calls of `key` (None: none yet, or its plan
+    is no longer what the hook chain would choose)."""
+    found = _PAIRS.get(key) if key is not None else None
+    return found.pair if found is not None and found.current() else None
 
 
 def _remember_pair(key, record, arrays: dict, params: dict):
@@ -416,13 +422,11 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
              and out_dtype is None and variant is None and target == "auto" and config is None and options is None
              and dispatcher is None)
     key = _pair_key(a, b) if plain else None
-    if key is not None:
-        if len(key[0]) < 2 or len(key[3]) < 2:  # a vector: the general path squeezes it
-            key = None
-        else:
-            found = _PAIRS.get(key)
-            if found is not None and found.current() and found.pair is not None:
-                return found.pair(a, b)
+    if key is not None and (len(key[0]) < 2 or len(key[3]) < 2):  # a vector: the general path squeezes it
+        key = None
+    runner = _paired(key)
+    if runner is not None:
+        return runner(a, b)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:

@@ -180,15 +180,8 @@ class Plan(_Launches):
         if layout.integer_output:
             _integer_output_scalars(layout.result_dtype, alpha=core[0], beta=core[1])
         first = arrays[self.names["a"]]
-        if type(first) is np.ndarray:
-            result = np.empty(layout.result_shape, layout.result_dtype)
-            pointer = data_pointer
-        else:  # a torch tensor
-            if self._result_torch_dtype is None:
-                from .targets.cuda_memory import torch_types
-                self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
-            result = first.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
-            pointer = _tensor_pointer
+        result = self._new_result(first)
+        pointer = data_pointer if type(first) is np.ndarray else _tensor_pointer
         entry, template, library, nbytes = self._direct
         args = bound_gemm_args(template, [pointer(result if name is None else arrays[name]) for name in self._slots],
                                core, values)
@@ -198,6 +191,17 @@ class Plan(_Launches):
         if status:
             library.check(status)
         return result
+
+    def _new_result(self, like):
+        """A new row-major result of the kind `like` is: a numpy array, or a
+        torch tensor on its device (the torch dtype looked up once)."""
+        layout = self.layout
+        if type(like) is np.ndarray:
+            return np.empty(layout.result_shape, layout.result_dtype)
+        if self._result_torch_dtype is None:
+            from .targets.cuda_memory import torch_types
+            self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
+        return like.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
 
     def make_pair(self):
         """`pair`: the plan's calls as `gemm(a, b)` with every default makes
@@ -214,19 +218,13 @@ class Plan(_Launches):
         entry, template, library, nbytes = self._direct
         template = bound_gemm_args(template, (0, 0, 0), (1.0, 0.0, 1.0, 1.0), ())
         swap = self._slots[0] == self.names["b"]  # transposed: the kernel's A is b
-        shape, dtype, stream = self.layout.result_shape, self.layout.result_dtype, self.options.get("stream", 0)
-        torch_dtype = None
+        stream, new_result = self.options.get("stream", 0), self._new_result
 
         def run(a, b):
-            nonlocal torch_dtype
+            result = new_result(a)
             if type(a) is np.ndarray:
-                result = np.empty(shape, dtype)
                 pa, pb, pc = data_pointer(a), data_pointer(b), data_pointer(result)
             else:  # torch CUDA tensors
-                if torch_dtype is None:
-                    from .targets.cuda_memory import torch_types
-                    torch_dtype = torch_types()[1][np.dtype(dtype)]
-                result = a.new_empty(shape, dtype=torch_dtype)
                 pa, pb, pc = a.data_ptr(), b.data_ptr(), result.data_ptr()
             args = GemmArgs.from_buffer_copy(template)
             args.a, args.b, args.c = (pb, pa, pc) if swap else (pa, pb, pc)
