@@ -292,3 +292,31 @@ def test_numeric_scalars_of_every_kind_are_accepted(rng):
         out = dispatcher.gemm(a, b, c=c, alpha=alpha, beta=beta, config=SMALL,
                               options={"workers": np.int64(2)})
         assert max_rel(out, reference(a, b, c, float(alpha), float(beta))) <= 1e-6
+
+
+def test_kernel_workers_are_bound_but_the_calling_thread_is_not():
+    """The workers of a kernel's parallel region are bound each to one CPU
+    other than the caller's (Linux would otherwise wake them on the caller's
+    core); the user's thread keeps the CPU set it had (OMP_PROC_BIND would
+    have bound it to one CPU, and every thread it starts after)."""
+    got = in_child("""
+        import os, threading
+        from dispatcher.verify import max_rel, poison, random_matrix, reference
+        os.environ.pop("OMP_PROC_BIND", None); os.environ.pop("OMP_PLACES", None)
+        before = os.sched_getaffinity(0)
+        if len(before) < 2:
+            print("right kept bound")  # one CPU: nothing to place
+            raise SystemExit
+        rng = np.random.default_rng(7)
+        a = random_matrix(256, 192, "fp32", "r", rng)
+        b = random_matrix(192, 320, "fp32", "r", rng)
+        for _ in range(3):
+            out = poison(np.empty((256, 320), np.float32))
+            dispatcher.gemm(a, b, out=out, config=dict(tile_m=24, tile_n=64, tile_k=32), options={"workers": 2})
+        print("right" if max_rel(out, reference(a, b)) <= 1e-5 else "wrong")
+        print("kept" if os.sched_getaffinity(0) == before else "moved")
+        others = [os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")
+                  if int(t) != threading.get_native_id()]
+        print("bound" if any(len(s) == 1 and s <= before for s in others) else "unbound")
+    """)
+    assert got == ["right", "kept", "bound"]

@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <string>
 
+#include "cpu/placement.hpp"
 #include "cpu/vec_math.hpp"
 #include "dot_ops.hpp"
 #include "dispatcher_abi.h"
@@ -343,8 +344,8 @@ struct EqualTiles {
     double operator()(int64_t) const { return 1.0; }
 };
 
-// work(t) for t in [0, tiles) on `threads` OpenMP threads bound to their
-// cores; the first exception is rethrown after. chunk 0: each thread one
+// work(t) for t in [0, tiles) on `threads` OpenMP threads, the workers kept
+// off the caller's CPU (`WorkerPlacement`); the first exception is rethrown after. chunk 0: each thread one
 // contiguous run of t (consecutive tiles of one column share a packed B
 // panel), the runs of about equal total `cost(t)` (edge tiles cost less:
 // equal counts would leave one thread all the full tiles); else runs of
@@ -358,9 +359,14 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
         return;
     }
     RegionErrors errors;
+    const WorkerPlacement placement;
     if (chunk > 0) {
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+#pragma omp parallel num_threads(threads) proc_bind(close)
+        {
+            placement.settle(omp_get_thread_num());
+#pragma omp for schedule(dynamic, chunk)
+            for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
+        }
     } else {
         std::unique_ptr<double[]> before(new double[size_t(tiles) + 1]);  // cost of the tiles before t
         before[0] = 0.0;
@@ -368,6 +374,7 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
 #pragma omp parallel num_threads(threads) proc_bind(close)
         {
             const int team = omp_get_num_threads(), r = omp_get_thread_num();
+            placement.settle(r);
             // Thread r's run: the tiles whose preceding cost falls in its share.
             auto first = [&](int share) {
                 return std::lower_bound(before.get(), before.get() + tiles, before[tiles] * share / team) -

@@ -167,8 +167,14 @@ struct Failure : std::runtime_error {
     Failure(int s, const std::string& what) : std::runtime_error(what), status(s) {}
 };
 
+// A failed runtime call also leaves its error as the thread's "last error",
+// which the next library to call cudaGetLastError (torch after its own
+// launches) would take for its own: it is cleared here, and reported once, by us.
 inline void check_cuda(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) throw Failure(DISPATCHER_ERROR, std::string(what) + ": " + cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw Failure(DISPATCHER_ERROR, std::string(what) + ": " + cudaGetErrorString(e));
+    }
 }
 
 // The arguments of a single-problem call, checked (sizes, pointers, leading

@@ -36,13 +36,10 @@ struct Groups {
         const int threads = dcpu::thread_count(T::threads, 0);
         // Contiguous runs of the flat tile list per thread: a thread runs the
         // tiles of one column of one group back to back and packs B once.
-        dcpu::RegionErrors errors;
-#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(close)
-        for (int64_t t = 0; t < tiles; ++t) {
+        dcpu::parallel_tiles(threads, tiles, [&](int64_t t) {
             const size_t g = std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin() - 1;
-            errors.run([&] { dcpu::compute_tile<T>(problems[g], t - first_tile[g]); });
-        }
-        errors.rethrow();
+            dcpu::compute_tile<T>(problems[g], t - first_tile[g]);
+        });
     }
 };
 

@@ -196,11 +196,13 @@ int run(const dispatcher_gemm_args* args) {
                                         " < " + std::to_string(requested) + " workers)");
         Acc* workspace = static_cast<Acc*>(args->workspace);
         dcpu::RegionErrors errors;
+        const dcpu::WorkerPlacement placement;
 #pragma omp parallel num_threads(requested) proc_bind(close)
         {
             // Plan with the team the runtime really gave us.
             const Plan plan = make_plan(P, omp_get_num_threads());
             const int w = omp_get_thread_num();
+            placement.settle(w);
             errors.run([&] { run_worker(P, plan, w, workspace); });
 #pragma omp barrier
             if (kReduction == Reduction::tree) {
