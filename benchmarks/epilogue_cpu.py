@@ -13,8 +13,9 @@ plain GEMMs (our default kernel, `np.matmul`) are timed with them, so the
 share of the activation is visible. Inputs are scaled so the
 pre-activations are about N(0, 1), where the activations do real work.
 
-Each library is timed twice: alone (ours and numpy each in a process of
-their own, so neither's worker threads share the cores with the other's)
+Each library is timed twice: alone (ours and numpy each in processes of
+their own, so neither's worker threads share the cores with the other's;
+--rounds rounds of one process per side, in alternating order, medians)
 and alternating (every contender in one process, as user code mixes
 them). Within a process the contenders of a size are timed in alternating
 rounds (common.time_interleaved), medians; the ratio is numpy's time over
@@ -121,17 +122,23 @@ def measure(size: int, activations, timing: TimingOptions, erf, rng, sides=SIDES
 
 
 def alone(size: int, args) -> dict:
-    """`measure` of each side in a child process of its own (this script
-    with --side), merged."""
-    times = {}
-    for side in SIDES:
-        done = subprocess.run([sys.executable, __file__, "--side", side, "--sizes", str(size),
-                               "--activations", args.activations, "--repeat", str(args.repeat)],
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode:
-            raise SystemExit(f"the {side} child failed:\n{done.stderr}")
-        times.update(json.loads(done.stdout.strip().splitlines()[-1]))
-    return times
+    """`measure` of each side in child processes of its own (this script
+    with --side): `args.rounds` rounds, the sides' order alternating from
+    round to round, each contender's median over the rounds. (One child per
+    side, one after the other, let a slow minute of a shared machine land on
+    one side only.)"""
+    rounds = []
+    for r in range(args.rounds):
+        times = {}
+        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+            done = subprocess.run([sys.executable, __file__, "--side", side, "--sizes", str(size),
+                                   "--activations", args.activations, "--repeat", str(args.repeat)],
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode:
+                raise SystemExit(f"the {side} child failed:\n{done.stderr}")
+            times.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        rounds.append(times)
+    return {key: float(np.median([times[key] for times in rounds])) for key in rounds[0]}
 
 
 def rows_of(size: int, activations, together: dict, apart: dict) -> list:
@@ -180,6 +187,7 @@ def main():
     parser.add_argument("--sizes", default="512,1024,2048", help="M = N = K values, comma-separated")
     parser.add_argument("--activations", default=",".join(ACTIVATIONS))
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per contender")
+    parser.add_argument("--rounds", type=int, default=3, help="child processes per side, alternating (alone)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child of `alone`
     args = parser.parse_args()
     try:

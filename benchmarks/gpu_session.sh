@@ -10,7 +10,7 @@
 #
 # build: the catalogs and the GPU tests' kernels, in parallel, into .gpucache
 # (kept on a warm machine between calls); pack: that cache into
-# $OUT/cache.tar.xz; unpack: it back from .carry/pack/cache.tar.xz on a fresh
+# $OUT/cache.tar.xz.part-*; unpack: it back from .carry/pack/cache.tar.xz.part-* on a fresh
 # machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
 # torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
 # to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
@@ -27,8 +27,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 for step in "$@"; do
   case $step in
     build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set ${BUILD_SET:-all} --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
-    pack) tar -cJf $OUT/cache.tar.xz -C $R/.gpucache kernels && ls -la $OUT/cache.tar.xz ;;
-    unpack) mkdir -p $R/.gpucache && tar -xJf $R/.carry/pack/cache.tar.xz -C $R/.gpucache ;;
+    # in parts of 15 MiB: files that come back from the machine are at most 16 MiB each
+    pack) tar -cJ -C $R/.gpucache kernels | split -b 15M - $OUT/cache.tar.xz.part- && ls -la $OUT ;;
+    unpack) mkdir -p $R/.gpucache && cat $R/.carry/pack/cache.tar.xz.part-* | tar -xJ -C $R/.gpucache ;;
     test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
     bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;

@@ -113,6 +113,21 @@ def test_fused_epilogues(variant, per, activation, rng):
     assert close(out, ref(a, b, bias, activation, 0.75), "bf16", k)
 
 
+@pytest.mark.parametrize("per", ["col", "row"])
+def test_strided_bias_across_several_tiles(per, rng):
+    """A bias that is a strided view, on an output of several tiles each way:
+    each tile reads its own rows or columns of it (a column bias is gathered
+    once per tile)."""
+    m, n, k = 61, 150, 40
+    a, b = random_matrix(m, k, "fp32", "r", rng), random_matrix(k, n, "fp32", "c", rng)
+    length = n if per == "col" else m
+    bias = random_matrix(1, 3 * length, "fp32", "r", rng)[0][::3]
+    bias = bias if per == "col" else bias[:, None]
+    out = poisoned((m, n), "fp32")
+    dispatcher.matmul(a, b, bias=bias, activation="silu", alpha=0.5, out=out, config=SMALL)
+    assert close(out, ref(a, b, bias, "silu", 0.5), "fp32", k)
+
+
 def test_batched_bias_and_int32_epilogue(rng):
     a, b = batch_of((2, 19, 23), "int8", rng), batch_of((2, 23, 17), "int8", rng)
     bias = batch_of((2, 1, 17), "int32", rng)

@@ -898,10 +898,10 @@ void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
     using Out = typename T::C;
     using S = Scalar<T>;
     const S alpha = static_cast<S>(P.alpha), beta = static_cast<S>(P.beta);
-    for (int i = 0; i < mc; ++i) {
-        auto* __restrict crow = P.c + (i0 + i) * P.ldc + j0;
-        const auto* __restrict arow = acc + size_t(i) * T::NC;
-        if constexpr (Epi::plain) {
+    if constexpr (Epi::plain) {
+        for (int i = 0; i < mc; ++i) {
+            auto* __restrict crow = P.c + (i0 + i) * P.ldc + j0;
+            const auto* __restrict arow = acc + size_t(i) * T::NC;
             if (P.beta == 0.0) {
                 for (int j = 0; j < nc; ++j) crow[j] = Out::store(alpha * S(arow[j]));
             } else {
@@ -909,16 +909,30 @@ void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
                     crow[j] = Out::store(product(alpha, S(arow[j])) +
                                          product(beta, S(Out::load(crow[j]))));
             }
-        } else {
-            using Stored = typename Out::storage;
-            const S row_bias = Epi::bias == Bias::row ? S(Out::load(P.template extra_at<Stored>(0, i0 + i, 0))) : S(0);
+        }
+    } else {
+        // Every loop below runs along a contiguous row, so it vectorizes: a
+        // column bias (of any stride) is gathered once per tile.
+        using Stored = typename Out::storage;
+        alignas(64) S col_bias[Epi::bias == Bias::col ? T::NC : 1];
+        if constexpr (Epi::bias == Bias::col)
+            for (int j = 0; j < nc; ++j) col_bias[j] = S(Out::load(P.template extra_at<Stored>(0, 0, j0 + j)));
+        for (int i = 0; i < mc; ++i) {
+            auto* __restrict crow = P.c + (i0 + i) * P.ldc + j0;
+            const auto* __restrict arow = acc + size_t(i) * T::NC;
             alignas(64) S v[T::NC];
-            for (int j = 0; j < nc; ++j) {
-                v[j] = product(alpha, S(arow[j]));
-                if (P.beta != 0.0) v[j] = v[j] + product(beta, S(Out::load(crow[j])));
-                if constexpr (Epi::bias == Bias::row) v[j] = v[j] + row_bias;
-                if constexpr (Epi::bias == Bias::col) v[j] = v[j] + S(Out::load(P.template extra_at<Stored>(0, 0, j0 + j)));
+            if (P.beta == 0.0) {
+                for (int j = 0; j < nc; ++j) v[j] = product(alpha, S(arow[j]));
+            } else {
+                for (int j = 0; j < nc; ++j)
+                    v[j] = product(alpha, S(arow[j])) + product(beta, S(Out::load(crow[j])));
             }
+            if constexpr (Epi::bias == Bias::row) {
+                const S row_bias = S(Out::load(P.template extra_at<Stored>(0, i0 + i, 0)));
+                for (int j = 0; j < nc; ++j) v[j] = v[j] + row_bias;
+            }
+            if constexpr (Epi::bias == Bias::col)
+                for (int j = 0; j < nc; ++j) v[j] = v[j] + col_bias[j];
             activate_row<Epi::activation, T::vec_bytes>(v, nc);
             for (int j = 0; j < nc; ++j) crow[j] = Out::store(v[j]);
         }
