@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common import environment, write
 from dispatcher import targets
-from dispatcher.targets.cpu import vector_bytes
+from dispatcher.targets import cpu_isa
 
 PROBE = r"""
 #include <omp.h>
@@ -82,13 +82,13 @@ def main():
         src, exe = Path(tmp) / "probe.cpp", Path(tmp) / "probe"
         src.write_text(PROBE)
         flags = [f for f in toolchain.flags if f != "-shared"]  # the kernels' flags, for a program
-        subprocess.run([toolchain.compiler, *flags, f"-DVEC_BYTES={vector_bytes()}", str(src), "-o", str(exe)],
+        subprocess.run([toolchain.compiler, *flags, f"-DVEC_BYTES={cpu_isa.active().isa.vector_bytes}", str(src), "-o", str(exe)],
                        check=True)
         lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
     rows = [line.split() for line in lines if line.strip()]
     threads = int(rows[0][0])
     fma, read = sorted(float(r[1]) for r in rows), sorted(float(r[2]) for r in rows)
-    result = {"threads": threads, "vector_bytes": vector_bytes(),
+    result = {"threads": threads, "vector_bytes": cpu_isa.active().isa.vector_bytes, "isa": cpu_isa.active().name,
               "fma_peak_gflops_fp32": fma[len(fma) // 2], "read_bandwidth_gbs": read[len(read) // 2],
               "runs": {"fma_gflops": fma, "read_gbs": read}}
     print(result)
