@@ -6,6 +6,10 @@
 See docs/architecture.md for the path of a call through the hooks.
 """
 
+from .environ import share_cores_with_numpy
+
+share_cores_with_numpy()  # before anything below imports numpy
+
 from .api import Dispatcher, gemm, grouped_gemm, grouped_mm
 from .api import matmul, plan, run
 from .build import BuildCache

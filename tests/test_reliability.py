@@ -7,6 +7,7 @@ poisoned before every launch and values are checked against a float64
 reference on the same inputs.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -320,3 +321,18 @@ def test_kernel_workers_are_bound_but_the_calling_thread_is_not():
         print("bound" if any(len(s) == 1 and s <= before for s in others) else "unbound")
     """)
     assert got == ["right", "kept", "bound"]
+
+
+@pytest.mark.parametrize("first, preset, expected", [
+    ("", None, "4"),                 # dispatcher loads numpy: OpenBLAS reads the short spin
+    ("", "9", "9"),                  # the user's own value wins
+    ("import numpy\n", None, None),  # numpy (and OpenBLAS) loaded first: too late, left alone
+])
+def test_openblas_spin_is_shortened_only_before_numpy_loads(first, preset, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    code = first + "import os, dispatcher\nprint(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(expected)]
