@@ -238,7 +238,7 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
         held.key = _direct_key(record, {n: x for n, x in operands.items() if n != held.out}, params, {}, None,
                                False, False)
         if not params and set(operands) == {held.names[0], held.names[1]}:  # p(a, b), as gemm(a, b) runs it
-            held.pair_key = _pair_key(*(operands[n] for n in held.names[:2]))
+            held.pair_key = _operands_key(*(operands[n] for n in held.names[:2]))
     return held
 
 
@@ -254,7 +254,7 @@ class HeldPlan:
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
         self.key = None  # the `_direct_key` of the planned call, where it may run directly
-        self.pair_key = None  # its `_pair_key`, where p(a, b) may run as a plain gemm(a, b)
+        self.pair_key = None  # its `_operands_key`, where p(a, b) may run as a plain gemm(a, b)
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
@@ -262,8 +262,8 @@ class HeldPlan:
     def __call__(self, *operands, **arguments):
         if self.pair_key is not None and not arguments and len(operands) == 2:
             plan = self.plan
-            pair = plan.pair or plan.make_pair()
-            if pair is not None and plan.current() and _pair_key(*operands) == self.pair_key:
+            pair = plan.runner(self.names[:2])
+            if pair is not None and plan.current() and _operands_key(*operands) == self.pair_key:
                 return pair(*operands)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
@@ -321,10 +321,10 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     plain = (c is None and out is None and type(alpha) is float and alpha == 1.0 and type(beta) is float
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
-    key = _pair_key(a, b) if plain else None
-    if key is not None and not len(key[0]) == len(key[3]) == 2:  # matmul's batched pairs are not gemm's
+    key = _operands_key(a, b) if plain else None
+    if key is not None and not a.ndim == b.ndim == 2:  # matmul's batched pairs are not gemm's
         key = None
-    runner = _paired(key)
+    runner = _runner(key)
     if runner is not None:
         return runner(a, b)
     record = _variant(dispatcher, variant, "gemm")
@@ -337,52 +337,65 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     result = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
                    config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
     if key is not None:
-        _remember_pair(key, record, arrays, {"alpha": alpha, "beta": beta})
+        _remember_runner(key, record, arrays, (roles["a"], roles["b"]))
     return result
 
 
-# `gemm(a, b)` and `matmul(a, b)` with every default, the commonest calls:
-# by `_pair_key`, the plan whose `pair` runs them, so that such a call costs
-# a key, a lookup and the runner. (Both run the regular variant on 2-D
+# Plain calls, the commonest ones: `gemm(a, b)` and `matmul(a, b)` with every
+# default, `matmul` with only a bias and an activation, `run` with only
+# operands and variant values. By a key read straight off the call (see
+# `_operands_key`), the plan and operand order whose `Plan.runner` runs
+# them, so that such a call costs a key, a lookup and the runner. (gemm and
+# matmul share the key of (a, b): both run the regular variant on 2-D
 # operands with the same plan; matmul's batched ones have more dims, which
 # gemm refuses.)
-_PAIRS: dict = {}
+_RUNNERS: dict = {}
 
 
-def _paired(key):
+def _runner(key):
     """The runner of the plain calls of `key` (None: none yet, or its plan
     is no longer what the hook chain would choose)."""
-    found = _PAIRS.get(key) if key is not None else None
-    return found.pair if found is not None and found.current() else None
+    found = _RUNNERS.get(key) if key is not None else None
+    if found is None or not found[0].current():
+        return None
+    return found[0].runner(found[1])
 
 
-def _remember_pair(key, record, arrays: dict, params: dict):
+def _remember_runner(key, record, arrays: dict, order: tuple, choices: dict | None = None):
     """After a plain call went the general way: the plan it made (or found)
-    serves the next such call directly, where its kernel allows."""
-    made = _DIRECT.get(_direct_key(record, arrays, params, {}, None, False, None))
-    if made is not None and made.make_pair() is not None:
-        _PAIRS[key] = made
+    serves the next such call directly, where its kernel allows. order:
+    the names of the operands the key's call passes, in its order."""
+    made = _DIRECT.get(_direct_key(record, arrays, {}, choices or {}, None, False, None))
+    if made is not None and made.runner(order) is not None:
+        _RUNNERS[key] = (made, order)
 
 
-def _pair_key(a, b):
-    """What a plain `gemm(a, b)`'s plan depends on, read straight off two
-    numpy arrays or two torch CUDA tensors (shapes, strides, dtypes; a
-    tensor's device, the current stream and its address alignment class);
-    None for anything else."""
-    kind = type(a)
+def _operands_key(*arrays):
+    """What a plain call's plan depends on, read straight off its operands,
+    all numpy arrays or all torch CUDA tensors of one device (shapes,
+    strides, dtypes; for tensors the device, the current stream and each
+    address's alignment class); None for anything else."""
+    kind = type(arrays[0])
     if kind is np.ndarray:
-        return (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype) if type(b) is np.ndarray else None
+        if len(arrays) == 2:  # gemm(a, b) and matmul(a, b): the commonest, spelled out
+            a, b = arrays
+            return ((a.shape, a.strides, a.dtype), (b.shape, b.strides, b.dtype)) if type(b) is np.ndarray else None
+        for x in arrays:
+            if type(x) is not np.ndarray:
+                return None
+        return tuple([(x.shape, x.strides, x.dtype) for x in arrays])
     if not kind.__module__.startswith("torch"):
         return None
     plain = _plain_tensor_types()
-    if kind not in plain or type(b) not in plain or not a.is_cuda or not b.is_cuda:
-        return None
-    device = a.get_device()
-    stream = _torch_stream(device) if b.get_device() == device else None
+    device = arrays[0].get_device()
+    for x in arrays:
+        if type(x) not in plain or not x.is_cuda or x.get_device() != device:
+            return None
+    stream = _torch_stream(device)
     if stream is None:
         return None
-    return (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, device, stream,
-            a.data_ptr() % plans.ALIGNMENT == 0, b.data_ptr() % plans.ALIGNMENT == 0)
+    return (device, stream) + tuple((x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0)
+                                    for x in arrays)
 
 
 def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,
@@ -398,13 +411,39 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
     call fixes (e.g. `activation`). target, config, options, out_dtype,
     strict and autotune as for `dispatcher.gemm`.
     """
+    key = order = None
+    if target == "auto" and out_dtype is None and config is None and options is None and strict is False \
+            and autotune is None and dispatcher is None:
+        key, order = _plain_run_key(variant, arguments)
+        runner = _runner(key)
+        if runner is not None:
+            return runner(*(arguments[name] for name in order))
     record = _record(dispatcher, variant)
     if not record.operands and record.problem_kind != "gemm":
         raise ConfigError(f"variant {variant!r} declares no operands ({record.problem_kind} problems): "
                           "call dispatcher.grouped_gemm or dispatcher.grouped_mm")
     operands, params, choices = kinds.split_call(record, arguments)
-    return _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
-                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+    result = _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
+                   options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
+    if key is not None and not params:
+        _remember_runner(key, record, operands, order, choices)
+    return result
+
+
+def _plain_run_key(variant: str, arguments: dict) -> tuple:
+    """(key, operand order) of a plain `run` call: one whose arguments are
+    arrays, None (left out) and strings (variant values); (None, None) for
+    any other."""
+    order, values = [], []
+    for name, x in arguments.items():
+        if type(x) is str:
+            values.append((name, x))
+        elif x is not None:
+            order.append(name)
+    if not order:
+        return None, None
+    key = _operands_key(*(arguments[name] for name in order))
+    return (None, None) if key is None else (("run", variant, tuple(order), tuple(values), key), tuple(order))
 
 
 def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,
@@ -421,12 +460,21 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
              and type(scale_a) is float and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0
              and out_dtype is None and variant is None and target == "auto" and config is None and options is None
              and dispatcher is None)
-    key = _pair_key(a, b) if plain else None
-    if key is not None and (len(key[0]) < 2 or len(key[3]) < 2):  # a vector: the general path squeezes it
+    fused = not plain and out is None and type(alpha) is float and alpha == 1.0 and type(scale_a) is float \
+        and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None \
+        and variant is None and target == "auto" and config is None and options is None and dispatcher is None \
+        and (activation is None or type(activation) is str)
+    key = None
+    if plain:
+        key = _operands_key(a, b)
+    elif fused:  # only a bias and an activation: their own key
+        key = _operands_key(a, b, *(() if bias is None else (bias,)))
+        key = None if key is None else ("matmul", activation, key)
+    if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
         key = None
-    runner = _paired(key)
+    runner = _runner(key)
     if runner is not None:
-        return runner(a, b)
+        return runner(a, b) if bias is None else runner(a, b, bias)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:
@@ -445,7 +493,9 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     result = run(variant, a=a, b=b, out=out, alpha=alpha, target=target, out_dtype=out_dtype,
                  config=config, options=options, dispatcher=dispatcher, **extra)
     if key is not None:
-        _remember_pair(key, _record(None, variant), {"a": a, "b": b, "out": None}, {"alpha": alpha})
+        _remember_runner(key, _record(None, variant), {"a": a, "b": b, **({} if bias is None else {"bias": bias})},
+                         ("a", "b") if bias is None else ("a", "b", "bias"),
+                         {} if activation is None else {"activation": activation})
     return result.squeeze(tuple(squeeze)) if squeeze else result
 
 

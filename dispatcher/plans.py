@@ -70,6 +70,9 @@ def _alignment(target: str, arrays: dict) -> tuple:
 # The address alignment a plan's signature records on a target that pads.
 ALIGNMENT = 16
 
+# (alpha, beta, scale_a, scale_b) of a plain call (`Plan.runner`).
+DEFAULT_SCALARS = (1.0, 0.0, 1.0, 1.0)
+
 
 def _hashable(config):
     """A config as part of a plan's signature: a dict of fields by its items."""
@@ -152,7 +155,7 @@ class Plan(_Launches):
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
         self._direct = None  # (entry point, argument template, library, workspace bytes) of a standard GEMM launch
-        self.pair = None  # `make_pair`'s runner of plain (a, b) calls, while the kernel it binds is the plan's
+        self.runners = {}  # `runner`'s functions of plain calls by operand order, while the kernel they bind is the plan's
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
         self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
@@ -203,38 +206,46 @@ class Plan(_Launches):
             self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
         return like.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
 
-    def make_pair(self):
-        """`pair`: the plan's calls as `gemm(a, b)` with every default makes
-        them (no c or out, alpha 1, beta 0: `api.gemm`'s memo of such
-        calls), or None where they cannot go straight to the kernel (yet: a
-        plan's first call binds it). A function of (a, b) that allocates
-        the result, points a copy of the argument block (its scalars fixed
-        at those defaults) at the three arrays and calls the entry point;
-        the fewest steps a call can take. Made once per bound kernel: a
-        plan that chooses again (after a plugin registration) drops it."""
-        if not self.runs_direct() or len(self._slots) != 3 or self._slots[2] is not None or \
-                self.layout.integer_output or self.record.params:
+    def runner(self, order: tuple):
+        """The plan's calls as the plain calls make them (every scalar at its
+        default: alpha 1, beta 0, scales 1; no c or out), on arrays passed
+        in `order` (operand names): a function of those arrays that
+        allocates the result, points a copy of the argument block at them
+        and calls the entry point; the fewest steps a call can take. None
+        where such calls cannot go straight to the kernel (yet: a plan's
+        first call binds it). Made once per order and bound kernel: a plan
+        that chooses again (after a plugin registration) drops them."""
+        found = self.runners.get(order)
+        if found is not None:
+            return found
+        if not self.runs_direct() or self.layout.integer_output or self.record.params:
+            return None
+        slots = self._slots
+        if slots[2] is not None or None in slots[:2] + slots[3:] or sorted(slots[:2] + slots[3:]) != sorted(order):
             return None
         entry, template, library, nbytes = self._direct
-        template = bound_gemm_args(template, (0, 0, 0), (1.0, 0.0, 1.0, 1.0), ())
-        swap = self._slots[0] == self.names["b"]  # transposed: the kernel's A is b
+        template = bound_gemm_args(template, (0,) * len(slots), DEFAULT_SCALARS, ())
+        ia, ib = order.index(slots[0]), order.index(slots[1])
+        extras = tuple(order.index(name) for name in slots[3:])  # where the extra operands are in a call
         stream, new_result = self.options.get("stream", 0), self._new_result
 
-        def run(a, b):
-            result = new_result(a)
-            if type(a) is np.ndarray:
-                pa, pb, pc = data_pointer(a), data_pointer(b), data_pointer(result)
-            else:  # torch CUDA tensors
-                pa, pb, pc = a.data_ptr(), b.data_ptr(), result.data_ptr()
+        def run(*arrays):
+            result = new_result(arrays[0])
+            pointer = data_pointer if type(result) is np.ndarray else _tensor_pointer
             args = GemmArgs.from_buffer_copy(template)
-            args.a, args.b, args.c = (pb, pa, pc) if swap else (pa, pb, pc)
+            args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
+            if extras:  # a copy of the extra operands' block (the template's is shared), re-pointed
+                extra = type(template._extra).from_buffer_copy(template._extra)
+                for slot, i in enumerate(extras):
+                    extra[slot].data = pointer(arrays[i])
+                args._extra, args.extra = extra, extra
             if nbytes:
                 WORKSPACES.attach(library, args, stream, nbytes)
             status = entry(args)
             if status:
                 library.check(status)
             return result
-        self.pair = run
+        self.runners[order] = run
         return run
 
     def matches(self, arrays: dict) -> bool:
@@ -308,7 +319,7 @@ class Plan(_Launches):
         options and the alignment class, which decides what a CUDA kernel
         stages)."""
         super()._choose(block)
-        self.pair = None  # it bound the kernel chosen before
+        self.runners = {}  # they bound the kernel chosen before
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
         if direct is not None and not self.layout.outer_dims:

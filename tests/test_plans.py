@@ -93,21 +93,21 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
     for _ in range(2):
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(dispatcher.gemm(a2, b), reference(a2, b)) <= 1e-5
-    key = api._pair_key(a, b)
-    plan = api._PAIRS[key]
-    runner, ran = plan.pair, []
-    monkeypatch.setattr(plan, "pair", lambda x, y: ran.append(1) or runner(x, y))
+    key = api._operands_key(a, b)
+    plan = api._RUNNERS[key][0]
+    runner, ran = plan.runners[("a", "b")], []
+    monkeypatch.setitem(plan.runners, ("a", "b"), lambda x, y: ran.append(1) or runner(x, y))
     from dispatcher import plans  # the runner's result starts poisoned: every element must be written
     monkeypatch.setattr(plans, "np", SimpleNamespace(ndarray=np.ndarray, empty=lambda *s: poison(np.empty(*s))))
     assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5 and ran == [1]
     monkeypatch.setattr(plans, "np", np)
-    monkeypatch.setattr(plan, "pair", runner)
+    monkeypatch.setitem(plan.runners, ("a", "b"), runner)
     assert max_rel(dispatcher.gemm(a, b, alpha=3.0), reference(a, b, alpha=3.0)) <= 1e-5 and ran == [1]
     held = dispatcher.plan("regular", a=a, b=b)
     for _ in range(3):  # the first call binds the kernel; the others run the pair runner
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(held(a2, b), reference(a2, b)) <= 1e-5
-    assert held.plan.pair is not None
+    assert held.plan.runners.get(("a", "b")) is not None
     with pytest.raises(ProblemError, match="do not match the plan"):
         held(a, np.ascontiguousarray(b))  # another layout: not the pair's key, and refused
     scaled = dispatcher.plan("regular", a=a, b=b, alpha=2.0)  # its own scalars: never the pair runner
@@ -126,10 +126,10 @@ def test_plain_matmul_calls_run_the_pair_runner_of_their_plan(rng):
         for _ in range(3):  # the first call plans and binds; the others run the pair runner
             a2 = rng.standard_normal(shape_a).astype(np.float32)
             assert max_rel(dispatcher.matmul(a2, b), np.matmul(a2.astype(np.float64), b)) <= 1e-5
-        assert (api._pair_key(a, b) in api._PAIRS) == (len(shape_a) > 1), (shape_a, shape_b)
+        assert (api._operands_key(a, b) in api._RUNNERS) == (len(shape_a) > 1), (shape_a, shape_b)
     a, b = rng.standard_normal((19, 23)).astype(np.float32), rng.standard_normal((23, 11)).astype(np.float32)
-    plan = api._PAIRS[api._pair_key(a, b)]
-    assert dispatcher.gemm(a, b).shape == (19, 11) and api._PAIRS[api._pair_key(a, b)] is plan  # gemm's too
+    plan = api._RUNNERS[api._operands_key(a, b)][0]
+    assert dispatcher.gemm(a, b).shape == (19, 11) and api._RUNNERS[api._operands_key(a, b)][0] is plan  # gemm's too
     assert max_rel(dispatcher.matmul(a, b, alpha=2.0), 2 * reference(a, b)) <= 1e-5  # its own scalars
     batched = rng.standard_normal((3, 19, 23)).astype(np.float32)
     dispatcher.matmul(batched, batched[0].T.copy())  # a batched pair, with 3-D and 2-D keys
@@ -147,8 +147,8 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
     a, b = random_matrix(21, 13, "fp32", "r", rng), random_matrix(13, 9, "fp32", "r", rng)
     for _ in range(2):
         dispatcher.gemm(a, b)
-    plan = api._PAIRS[api._pair_key(a, b)]
-    before = plan.pair
+    plan = api._RUNNERS[api._operands_key(a, b)][0]
+    before = plan.runners.get(("a", "b"))
     assert before is not None
 
     class Nothing:
@@ -158,8 +158,8 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
     try:
         for _ in range(2):
             assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5
-        now = api._PAIRS[api._pair_key(a, b)]
-        assert now.pair is not None and now.pair is not before
+        now = api._RUNNERS[api._operands_key(a, b)][0]
+        assert now.runners.get(("a", "b")) is not None and now.runners[("a", "b")] is not before
     finally:
         manager.unregister(name="nothing-test-plugin")
 
@@ -282,3 +282,31 @@ def test_a_variant_names_its_operands(rng):
             dispatcher.run("named", x=x, w=x, dispatcher=d)
     finally:
         manager.unregister("named")
+
+
+def test_fused_matmul_and_run_calls_take_their_own_runners(monkeypatch, rng):
+    """`matmul` with only a bias and an activation, and `run` with only
+    operands and variant values, take the shortest path too, each by a key
+    of its own: another activation, or the same operands through `run`
+    without one, is another plan with another kernel."""
+    from dispatcher import api
+    a, b = random_matrix(29, 23, "fp32", "r", rng), random_matrix(23, 17, "fp32", "c", rng)
+    bias = random_matrix(1, 17, "fp32", "r", rng)[0]
+    want = {act: reference(a, b) + bias.astype(np.float64) for act in ("relu", "none")}
+    want["relu"] = np.maximum(want["relu"], 0.0)
+    for _ in range(3):  # the first call plans and binds; the others run the runner
+        assert max_rel(dispatcher.matmul(a, b, bias=bias, activation="relu"), want["relu"]) <= 1e-5
+        assert max_rel(dispatcher.run("regular", a=a, b=b, bias=bias), want["none"]) <= 1e-5
+    relu = api._RUNNERS[("matmul", "relu", api._operands_key(a, b, bias))]
+    plain = api._RUNNERS[("run", "regular", ("a", "b", "bias"), (), api._operands_key(a, b, bias))]
+    assert relu[0] is not plain[0] and relu[1] == plain[1] == ("a", "b", "bias")
+    ran = []
+    runner = relu[0].runner(relu[1])
+    monkeypatch.setitem(relu[0].runners, relu[1], lambda *x: ran.append(1) or runner(*x))
+    from dispatcher import plans  # the runner's result starts poisoned: every element must be written
+    monkeypatch.setattr(plans, "np", SimpleNamespace(ndarray=np.ndarray, empty=lambda *s: poison(np.empty(*s))))
+    a2 = random_matrix(29, 23, "fp32", "r", rng)
+    got = dispatcher.matmul(a2, b, bias=bias, activation="relu")
+    assert ran == [1] and max_rel(got, np.maximum(reference(a2, b) + bias.astype(np.float64), 0.0)) <= 1e-5
+    got = dispatcher.run("regular", a=a2, b=b, bias=bias, activation="relu")  # run's own key: not matmul's runner
+    assert ran == [1] and max_rel(got, np.maximum(reference(a2, b) + bias.astype(np.float64), 0.0)) <= 1e-5
