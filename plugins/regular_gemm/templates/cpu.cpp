@@ -10,12 +10,15 @@ int run(const dispatcher_gemm_args* args) {
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers, 2.0 * P.m * P.n * P.k);
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
+        dcpu::SharedPackedA<T> shared_a;
+        shared_a.pack(P, threads);
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
         // bound to their cores keep those panels in their own caches. Runs of
         // equal output area: the edge tiles of an odd N or M are narrow.
         dcpu::parallel_tiles(threads, tiles, [&](int64_t t) { dcpu::compute_tile<T, Epi>(P, t); }, 0,
                              [&](int64_t t) { return dcpu::tile_area(P, t); });
+        if constexpr (dcpu::kGuardBytes > 0) shared_a.check_guards();
         return DISPATCHER_OK;
     });
 }
