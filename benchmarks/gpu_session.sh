@@ -14,7 +14,8 @@
 # machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
 # torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
 # to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
-# epilogue GPU tests; overhead: benchmarks/call_overhead.py's GPU part. Everything it
+# epilogue GPU tests; unaligned: the unaligned and skinny parts of the CUDA
+# benchmark; overhead: benchmarks/call_overhead.py's GPU part. Everything it
 # prints and writes lands under $OUT.
 set -u
 R=$PWD
@@ -33,6 +34,9 @@ for step in "$@"; do
     test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
     bench) timeout 560 python3 benchmarks/cuda_gemm.py --out $OUT/bench 2>&1 | tee $OUT/bench.log | tail -60 ;;
+    # the shapes that break TMA's alignment and the skinny ones (issue 22's staging, issue 23's M <= 64)
+    unaligned) timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/cuda_gemm.py --only unaligned,skinny --out $OUT/unaligned 2>&1 \
+             | tee $OUT/unaligned.log | tail -30 ;;
     # dispatcher.torch (issue 16): the kernels its GPU tests and MLP benchmark select, the tests, the benchmark
     torchbuild) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set torch --jobs $(nproc) 2>&1 | tail -5 | tee $OUT/torch_build.log ;;
     torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
