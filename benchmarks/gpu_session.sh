@@ -14,7 +14,7 @@
 # machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
 # torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
 # to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
-# epilogue GPU tests; unaligned: the unaligned and skinny parts of the CUDA
+# epilogue GPU tests; alltests: every GPU test file in one run; unaligned: the unaligned and skinny parts of the CUDA
 # benchmark; overhead: benchmarks/call_overhead.py's GPU part. Everything it
 # prints and writes lands under $OUT.
 set -u
@@ -29,7 +29,7 @@ for step in "$@"; do
   case $step in
     build) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set ${BUILD_SET:-all} --jobs $(nproc) 2>&1 | tail -15 | tee $OUT/build.log ;;
     # in parts of 15 MiB: files that come back from the machine are at most 16 MiB each
-    pack) tar -cJ -C $R/.gpucache kernels | split -b 15M - $OUT/cache.tar.xz.part- && ls -la $OUT ;;
+    pack) XZ_OPT=-T0 tar -cJ -C $R/.gpucache kernels | split -b 15M - $OUT/cache.tar.xz.part- && ls -la $OUT ;;
     unpack) mkdir -p $R/.gpucache && cat $R/.carry/pack/cache.tar.xz.part-* | tar -xJ -C $R/.gpucache ;;
     test)  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 \
              | tee $OUT/gpu_tests.log | tail -25 ;;
@@ -41,6 +41,9 @@ for step in "$@"; do
     torchbuild) timeout ${BUILD_TIMEOUT:-400} python3 benchmarks/build_cuda.py --set torch --jobs $(nproc) 2>&1 | tail -5 | tee $OUT/torch_build.log ;;
     torchtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_torch_gpu.py 2>&1 \
              | tee $OUT/torch_gpu_tests.log | tail -25 ;;
+    # every GPU test file in one pytest run
+    alltests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider \
+             tests/test_cuda_gpu.py tests/test_batched_gpu.py tests/test_torch_gpu.py 2>&1 | tee $OUT/all_gpu_tests.log | tail -25 ;;
     batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
              | tee $OUT/batched_gpu_tests.log | tail -25 ;;
     # where a call's host time goes (cProfile of gemm, a held plan, dispatcher.torch.gemm)
