@@ -80,7 +80,9 @@ class HostSession:
     def __init__(self, *arrays):
         for x in arrays:
             if x is not None and not isinstance(x, np.ndarray):
-                raise ProblemError(f"the cpu target takes numpy arrays, got {type(x).__name__}")
+                hint = ("; for CPU torch tensors use dispatcher.torch (gemm, linear, grouped_mm), or pass "
+                        "tensor.numpy()") if type(x).__module__.startswith("torch") else ""
+                raise ProblemError(f"the cpu target takes numpy arrays, got {type(x).__name__}{hint}")
         self.arrays = arrays
 
     def empty(self, shape, dtype):

@@ -417,3 +417,11 @@ def test_grouped_mm_bad_input():
         dt.grouped_mm(a, b[:, :, ::2], offsets)
     with pytest.raises(dispatcher.ProblemError, match="non-decreasing"):
         dt.grouped_mm(a, b, torch.tensor([9, 4, 23], dtype=torch.int32))
+
+
+def test_plain_api_on_cpu_tensors_points_to_dispatcher_torch():
+    """dispatcher.gemm runs numpy arrays on the cpu target; CPU tensors get
+    a ProblemError that names the torch entry points, not a bare type."""
+    a = torch.ones(3, 4)
+    with pytest.raises(dispatcher.ProblemError, match="dispatcher.torch"):
+        dispatcher.gemm(a, torch.ones(4, 2))
