@@ -5,19 +5,21 @@
 Build the catalogs first (`gemm-dispatcher prebuild --target cuda --dtype bf16`, and
 `--variant regular --dtype fp8_e4m3` for the fp8 part), or every first call compiles.
 
-Per shape, three columns, each the time of the user-visible call
-(`dispatcher.gemm(a, b, out=out, target="cuda")`, or `grouped_mm`) over
-torch's (`torch.matmul`; `torch._scaled_mm` for fp8; `torch._grouped_mm`, a
-loop of `torch.matmul` and one stacked `torch.matmul` of the same FLOPs for
-grouped), CUDA events around each call, L2 flushed before each, medians of
---repeat runs after warm-up:
-  default   a fresh Dispatcher with no tuning database and no autotune: the
-            ranked catalog's first kernel (what `gemm-dispatcher explain` prints)
+Per shape, three columns, each a time over torch's (`torch.matmul`;
+`torch._scaled_mm` for fp8; `torch._grouped_mm`, a loop of `torch.matmul`
+and one stacked `torch.matmul` of the same FLOPs for grouped), CUDA events
+around each call, L2 flushed before each, medians of --repeat runs after
+warm-up:
+  default   the public call as a user makes it, host work included
+            (`dispatcher.gemm(a, b)`, `dispatcher.grouped_mm(a, b, offsets)`),
+            with no tuning database and no autotune: the ranked catalog's
+            first kernel (what `gemm-dispatcher explain` prints)
   autotune  a fresh tuning database and autotune=True: the first call builds
             and times the top ranked kernels (its cost is reported), later
             calls use the winner
-  best      every catalog kernel timed alone on the same operands: the best
-            of the catalog (a bound on what selection could reach)
+  best      every catalog kernel timed alone on the same operands (its launch
+            captured in a CUDA graph and replayed: the kernel without the host
+            work): the best of the catalog (a bound on what selection could reach)
 bf16 rcr (B is the transpose of an (N, K) matrix, as in a linear layer).
 Shapes: the `gpu` section of ../shared/bench/shapes.json ($GEMM_SHAPES); the
 `random` part (not in the default --only) draws 50 held-out shapes
@@ -67,19 +69,36 @@ def fresh(tuning_dir=None) -> Dispatcher:
     return Dispatcher(tuning=TuningDatabase(Path(tuning_dir) / "tuning.sqlite") if tuning_dir else None)
 
 
+def launch_time(launch, timing) -> float:
+    """Seconds of one kernel launch with the host's part left out:
+    `launch(stream)` captured once in a CUDA graph and the graph replayed
+    (timed directly, a small kernel's time would be Python's dispatch in
+    `Dispatcher.launch`), or the launch itself where it cannot be captured."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            launch(torch.cuda.current_stream().cuda_stream)
+    except (RuntimeError, dispatcher.DispatcherError):
+        torch.cuda.synchronize()
+        return timed(lambda: launch(torch.cuda.current_stream().cuda_stream), timing)
+    return timed(graph.replay, timing)
+
+
 def best_of_catalog(d, problem, ops, timing) -> tuple:
     """(seconds, kernel, {kernel: microseconds}) of the fastest catalog
     kernel on prepared operands, and every catalog kernel's time (the data
-    selection's regret and a calibration of its model are computed from)."""
+    selection's regret and a calibration of its model are computed from),
+    each the kernel alone (`launch_time`)."""
     best, times = (float("inf"), None), {}
-    options = {"stream": torch.cuda.current_stream().cuda_stream}
     for config in d.candidates(problem):
         library = d.library(config)
+        launch = (lambda library: lambda stream: d.launch(library, problem, ops, {"stream": stream}))(library)
         try:
-            d.launch(library, problem, ops, options)
+            launch(torch.cuda.current_stream().cuda_stream)
         except dispatcher.UnsupportedProblem:
             continue
-        t = timed(lambda: d.launch(library, problem, ops, options), timing)
+        t = launch_time(launch, timing)
         times[config.name] = t * 1e6
         best = min(best, (t, config.name))
     return (*best, times)
@@ -93,11 +112,16 @@ def regret(chosen: str, catalog_us: dict, t_best: float) -> float:
     return catalog_us[chosen] / (t_best * 1e6) if chosen in catalog_us else float("nan")
 
 
-def three_columns(call, baseline_s, problem_of, timing, tmp, **kw) -> dict:
-    """default / autotune / best-of-catalog times of `call(d, autotune)` and their ratios."""
+def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dict:
+    """default / autotune / best-of-catalog times and their ratios: default
+    is `plain()`, the public call as a user makes it (the default
+    dispatcher, no out, target, or dispatcher argument: its shortest path);
+    its kernel is what `call(d, False)` on a fresh Dispatcher selects (the
+    same ranking, no tuning database); autotune is `call(tuned, True)`."""
     d = fresh()
     call(d, False)  # first call: selection (and any build)
-    t_default = timed(lambda: call(d, False), timing)
+    plain()
+    t_default = timed(plain, timing)
     chosen = d._ready and next(iter(d._ready.values()))[0].name
     tuned = fresh(tempfile.mkdtemp(dir=tmp))
     started = time.perf_counter()
@@ -140,7 +164,8 @@ def bench_gemm(shapes, variant, timing, tmp, dtype=torch.bfloat16, out_dtype=Non
                                            memory=session.memory, allocate=session.empty)
             return problem, ops  # misaligned operands: the kernels stage them in their workspace
 
-        row = three_columns(call, t_torch, problem_of, timing, tmp, M=m, N=n, K=k)
+        plain = lambda: dispatcher.gemm(a, b, variant=variant, out_dtype=out_dtype)
+        row = three_columns(call, plain, t_torch, problem_of, timing, tmp, M=m, N=n, K=k)
         call(fresh(), False)
         torch.cuda.synchronize()
         row["max_rel_vs_torch"] = max_rel(out.float().cpu().numpy(), reference.double().cpu().numpy())
@@ -171,8 +196,9 @@ def bench_random(timing) -> list:
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         t_torch = timed(lambda: torch.matmul(a, b, out=out), timing)
         d = fresh()
-        dispatcher.gemm(a, b, out=out, target="cuda", dispatcher=d)
-        t_default = timed(lambda: dispatcher.gemm(a, b, out=out, target="cuda", dispatcher=d), timing)
+        dispatcher.gemm(a, b, out=out, target="cuda", dispatcher=d)  # selects what the plain call runs
+        dispatcher.gemm(a, b)
+        t_default = timed(lambda: dispatcher.gemm(a, b), timing)
         chosen = next(iter(d._ready.values()))[0].name
         session = get_target("cuda").session(a, b)
         problem, ops, _ = prepare_gemm(*session.arrays, variant="regular", target="cuda",
@@ -220,7 +246,8 @@ def bench_grouped(cases, timing, tmp):
                                                  allocate=session.empty)
             return problem, ops
 
-        row = three_columns(call, t_gmm, problem_of, timing, tmp, case=name, groups=len(ms), N=n, K=k)
+        plain = lambda: dispatcher.grouped_mm(a, b, offsets)
+        row = three_columns(call, plain, t_gmm, problem_of, timing, tmp, case=name, groups=len(ms), N=n, K=k)
         row.update(torch_loop_us=t_loop * 1e6, torch_stacked_us=t_stacked * 1e6,
                    default_vs_loop=t_loop * 1e6 / row["default_us"],
                    autotune_vs_loop=t_loop * 1e6 / row["autotune_us"],
@@ -330,6 +357,9 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     timing = TimingOptions(warmup=5, repeat=args.repeat, flush_l2=True)
+    # The plain calls (the default column) select as a fresh install does:
+    # no tuning database, whatever earlier runs on this machine recorded.
+    dispatcher.api.default_dispatcher().tuning = None
     corpus = load_shapes()["gpu"]
     parts = args.only.split(",")
     tmp = tempfile.mkdtemp()
