@@ -234,7 +234,9 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
                          _launch_options(record, options, session.stream), bool(strict),
                          _autotuning(autotune) if config is None else False)
     held = HeldPlan(made, record, target, params)
-    if made.problem is not None and not options:  # calls like this one may go straight to the kernel
+    in_place = all(imported.get(n) is x for n, x in operands.items() if x is not None)
+    if made.problem is not None and not options and in_place:  # calls like this one may go straight to the kernel
+        # (not where the session copied the arrays, say numpy ones to a GPU: such calls must be copied too)
         held.key = _direct_key(record, {n: x for n, x in operands.items() if n != held.out}, params, {}, None,
                                False, False)
         if not params and set(operands) == {held.names[0], held.names[1]}:  # p(a, b), as gemm(a, b) runs it
@@ -387,9 +389,12 @@ def _operands_key(*arrays):
     if not kind.__module__.startswith("torch"):
         return None
     plain = _plain_tensor_types()
+    for x in arrays:
+        if type(x) not in plain or not x.is_cuda:
+            return None
     device = arrays[0].get_device()
     for x in arrays:
-        if type(x) not in plain or not x.is_cuda or x.get_device() != device:
+        if x.get_device() != device:
             return None
     stream = _torch_stream(device)
     if stream is None:
@@ -432,13 +437,16 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
 
 def _plain_run_key(variant: str, arguments: dict) -> tuple:
     """(key, operand order) of a plain `run` call: one whose arguments are
-    arrays, None (left out) and strings (variant values); (None, None) for
-    any other."""
+    arrays, strings (variant values) and None (in the key by name: a None
+    the general path refuses, say `alpha=None`, is never remembered);
+    (None, None) for any other."""
+    if type(variant) is not str:
+        return None, None
     order, values = [], []
     for name, x in arguments.items():
-        if type(x) is str:
+        if type(x) is str or x is None:
             values.append((name, x))
-        elif x is not None:
+        else:
             order.append(name)
     if not order:
         return None, None

@@ -81,7 +81,7 @@ class HostSession:
         for x in arrays:
             if x is not None and not isinstance(x, np.ndarray):
                 hint = ("; for CPU torch tensors use dispatcher.torch (gemm, linear, grouped_mm), or pass "
-                        "tensor.numpy()") if type(x).__module__.startswith("torch") else ""
+                        "tensor.numpy()") if getattr(x, "is_cpu", False) is True else ""
                 raise ProblemError(f"the cpu target takes numpy arrays, got {type(x).__name__}{hint}")
         self.arrays = arrays
 

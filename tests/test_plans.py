@@ -310,3 +310,21 @@ def test_fused_matmul_and_run_calls_take_their_own_runners(monkeypatch, rng):
     assert ran == [1] and max_rel(got, np.maximum(reference(a2, b) + bias.astype(np.float64), 0.0)) <= 1e-5
     got = dispatcher.run("regular", a=a2, b=b, bias=bias, activation="relu")  # run's own key: not matmul's runner
     assert ran == [1] and max_rel(got, np.maximum(reference(a2, b) + bias.astype(np.float64), 0.0)) <= 1e-5
+
+
+def test_plain_call_keys_never_skip_a_check_the_general_path_makes(rng):
+    """A None argument is part of a plain run's key (the general path
+    refuses `alpha=None` and unknown names, so such a call is never
+    remembered and refused every time); a variant that is not a string and
+    operands that are not arrays get the general path's errors."""
+    a, b = random_matrix(9, 7, "fp32", "r", rng), random_matrix(7, 5, "fp32", "r", rng)
+    for _ in range(2):
+        assert max_rel(dispatcher.run("regular", a=a, b=b), reference(a, b)) <= 1e-5
+    for bad in (dict(alpha=None), dict(beta=None), dict(foo=None)):
+        for _ in range(2):
+            with pytest.raises(dispatcher.DispatcherError):
+                dispatcher.run("regular", a=a, b=b, **bad)
+    with pytest.raises(dispatcher.DispatcherError):
+        dispatcher.run(["regular"], a=a, b=b)
+    with pytest.raises(dispatcher.DispatcherError):
+        dispatcher.gemm((9, 7), b)

@@ -323,6 +323,36 @@ def test_kernel_workers_are_bound_but_the_calling_thread_is_not():
     assert got == ["right", "kept", "bound"]
 
 
+@pytest.mark.parametrize("setting, workers", [("OMP_PROC_BIND=false", 2), ("", 8)])
+def test_kernel_workers_stay_unbound_where_the_user_or_the_team_size_says(setting, workers):
+    """A user's OMP_PROC_BIND (any value, "false" too) leaves OpenMP's
+    binding alone, and so does a team larger than the CPU set (binding
+    would stack its extra workers on the other CPUs, away from the
+    caller's)."""
+    name, _, value = setting.partition("=")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES")}
+    if name:
+        env[name] = value
+    code = textwrap.dedent(f"""
+        import os, threading, numpy as np, dispatcher
+        from dispatcher.verify import max_rel, poison, random_matrix, reference
+        cpus = os.sched_getaffinity(0)
+        rng = np.random.default_rng(3)
+        a = random_matrix(256, 192, "fp32", "r", rng)
+        b = random_matrix(192, 320, "fp32", "r", rng)
+        workers = {workers} if {workers} <= 2 else 4 * len(cpus)
+        out = poison(np.empty((256, 320), np.float32))
+        dispatcher.gemm(a, b, out=out, config=dict(tile_m=24, tile_n=64, tile_k=32), options={{"workers": workers}})
+        print("right" if max_rel(out, reference(a, b)) <= 1e-5 else "wrong")
+        others = [os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")
+                  if int(t) != threading.get_native_id()]
+        print("unbound" if all(s == cpus for s in others) else "bound")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["right", "unbound"]
+
+
 @pytest.mark.parametrize("first, preset, expected", [
     ("", None, "4"),                 # dispatcher loads numpy: OpenBLAS reads the short spin
     ("", "9", "9"),                  # the user's own value wins

@@ -425,3 +425,11 @@ def test_plain_api_on_cpu_tensors_points_to_dispatcher_torch():
     a = torch.ones(3, 4)
     with pytest.raises(dispatcher.ProblemError, match="dispatcher.torch"):
         dispatcher.gemm(a, torch.ones(4, 2))
+
+
+def test_objects_that_are_not_tensors_get_the_general_error():
+    """The plain-call key reads tensors' devices only after checking that
+    they are tensors: anything else is refused as the general path says."""
+    for bad in (torch.Size([3, 4]), torch.nn.Linear(4, 2)):
+        with pytest.raises(dispatcher.DispatcherError):
+            dispatcher.gemm(bad, torch.ones(4, 2))

@@ -11,11 +11,17 @@
 // user's main thread, and every thread it starts later, would be confined to
 // one CPU. So only the workers are bound, each to a CPU of the process's set
 // other than the one the calling thread is on, re-bound only when that changes.
-// Where the user set OMP_PROC_BIND or OMP_PLACES, OpenMP's binding is left
-// alone; on systems other than Linux nothing is bound.
+// Where the user set OMP_PROC_BIND or OMP_PLACES (to anything, "false"
+// too), OpenMP's binding is left alone, and so is a team larger than the
+// process's CPU set (it shares CPUs anyway); on systems other than Linux
+// nothing is bound. A bound worker stays bound after the region: other
+// OpenMP code in the process that shares the runtime's workers finds them
+// where the last kernel left them.
 #pragma once
 
 #include <omp.h>
+
+#include <cstdlib>
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -32,31 +38,38 @@ class WorkerPlacement {
     // In the calling thread, before the parallel region.
     WorkerPlacement() {
 #if defined(__linux__)
-        if (omp_get_proc_bind() == omp_proc_bind_false) {
+        if (omp_get_proc_bind() == omp_proc_bind_false && !std::getenv("OMP_PROC_BIND") &&
+            !std::getenv("OMP_PLACES")) {
             process_cpus();  // read from this thread's mask, before any worker is bound
             caller_ = sched_getcpu();
         }
 #endif
     }
 
-    // In every thread of the region, first: binds worker `rank` (> 0) to the
-    // rank-th CPU of the process's set after skipping the caller's.
-    void settle(int rank) const {
+    // In every thread of the region, first: binds worker `rank` (> 0) of a
+    // team of `team` to the rank-th CPU of the process's set after skipping
+    // the caller's. The worker's current mask is asked each time: the
+    // OpenMP runtime's workers are shared by every kernel library, and
+    // another may have bound this one elsewhere since.
+    void settle(int rank, int team) const {
 #if defined(__linux__)
         if (caller_ < 0 || rank == 0) return;
         const std::vector<int>& cpus = process_cpus();
-        if (cpus.size() < 2) return;
+        if (cpus.size() < 2 || size_t(team) > cpus.size()) return;
         const size_t i = size_t(rank - 1) % (cpus.size() - 1);  // among the CPUs but the caller's
         const size_t caller_at = std::lower_bound(cpus.begin(), cpus.end(), caller_) - cpus.begin();
         const int cpu = cpus[i < caller_at ? i : i + 1];
-        thread_local int bound = -1;
-        if (bound == cpu) return;
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(cpu, &one);
-        if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0) bound = cpu;
+        cpu_set_t mask;
+        CPU_ZERO(&mask);
+        if (pthread_getaffinity_np(pthread_self(), sizeof mask, &mask) == 0 && CPU_COUNT(&mask) == 1 &&
+            CPU_ISSET(cpu, &mask))
+            return;
+        CPU_ZERO(&mask);
+        CPU_SET(cpu, &mask);
+        pthread_setaffinity_np(pthread_self(), sizeof mask, &mask);
 #else
         (void)rank;
+        (void)team;
 #endif
     }
 

@@ -255,6 +255,7 @@ struct Problem {
         p.c += index * stride_c;
         p.batch_index = index;
         if (stride_b) p.generation += uint64_t(index);
+        if (stride_a) p.packed_a = nullptr;  // a packed A is batch 0's
         return p;
     }
     // Element (i, j) of extra operand `e` in this batch.
@@ -367,7 +368,7 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
     if (chunk > 0) {
 #pragma omp parallel num_threads(threads) proc_bind(close)
         {
-            placement.settle(omp_get_thread_num());
+            placement.settle(omp_get_thread_num(), omp_get_num_threads());
 #pragma omp for schedule(dynamic, chunk)
             for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
         }
@@ -378,7 +379,7 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
 #pragma omp parallel num_threads(threads) proc_bind(close)
         {
             const int team = omp_get_num_threads(), r = omp_get_thread_num();
-            placement.settle(r);
+            placement.settle(r, team);
             // Thread r's run: the tiles whose preceding cost falls in its share.
             auto first = [&](int share) {
                 return std::lower_bound(before.get(), before.get() + tiles, before[tiles] * share / team) -
@@ -996,11 +997,12 @@ void compute_tile(const Problem<T>& P, int64_t tile) {
 // blocks again (257x1031x2049 fp32 on 96x128 tiles packed A 9 times, and
 // ran at 0.83x OpenBLAS). Kept to kMaxBytes, in a buffer of the calling
 // thread's that is kept for its next call (a fresh one would be paged in on
-// every call); past that, tiles pack their own blocks, as without it.
+// every call: at most kMaxBytes per calling thread and kernel library);
+// past that, tiles pack their own blocks, as without it.
 template <class T>
 class SharedPackedA {
   public:
-    static constexpr size_t kMaxBytes = size_t(8) << 20;
+    static constexpr size_t kMaxBytes = size_t(4) << 20;
 
     // Packs P's A on `threads` threads and points P at it, if it pays.
     void pack(Problem<T>& P, int threads) {
@@ -1009,6 +1011,7 @@ class SharedPackedA {
         if (P.tiles_n() < 3 || bytes_ > kMaxBytes) return;
         Kept& kept = kept_buffer();
         if (kept.capacity < bytes_) {
+            kept.capacity = 0;  // a failed allocation below leaves no stale size
             kept.buffer.reset();
             kept.buffer.reset(static_cast<unsigned char*>(aligned_buffer(bytes_)));
             kept.capacity = bytes_;

@@ -202,7 +202,7 @@ int run(const dispatcher_gemm_args* args) {
             // Plan with the team the runtime really gave us.
             const Plan plan = make_plan(P, omp_get_num_threads());
             const int w = omp_get_thread_num();
-            placement.settle(w);
+            placement.settle(w, omp_get_num_threads());
             errors.run([&] { run_worker(P, plan, w, workspace); });
 #pragma omp barrier
             if (kReduction == Reduction::tree) {
