@@ -60,11 +60,16 @@ def device_of(*tensors) -> torch.device:
     """The one device of these tensors (None entries skipped), or a
     ProblemError: the fake implementations ask this too, so a call mixing
     real and meta tensors is refused before anything is returned."""
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise ProblemError(f"operands are on different devices ({', '.join(sorted(map(str, devices)))}); "
-                           "move them to one device")
-    return devices.pop()
+    found = None
+    for t in tensors:
+        if t is not None:
+            if found is None:
+                found = t.device
+            elif t.device != found:
+                devices = sorted({str(x.device) for x in tensors if x is not None})
+                raise ProblemError(f"operands are on different devices ({', '.join(devices)}); "
+                                   "move them to one device")
+    return found
 
 
 def target_of(*tensors) -> str:
