@@ -464,18 +464,14 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     one value per output column (N,) or per row (M, 1), optionally with
     batch dims; stored in the output dtype. activation: relu, gelu or silu.
     """
-    plain = (out is None and bias is None and activation is None and type(alpha) is float and alpha == 1.0
-             and type(scale_a) is float and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0
-             and out_dtype is None and variant is None and target == "auto" and config is None and options is None
-             and dispatcher is None)
-    fused = not plain and out is None and type(alpha) is float and alpha == 1.0 and type(scale_a) is float \
-        and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None \
-        and variant is None and target == "auto" and config is None and options is None and dispatcher is None \
-        and (activation is None or type(activation) is str)
+    defaults = (out is None and type(alpha) is float and alpha == 1.0 and type(scale_a) is float
+                and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None
+                and variant is None and target == "auto" and config is None and options is None
+                and dispatcher is None)  # every argument but bias and activation at its default
     key = None
-    if plain:
+    if defaults and bias is None and activation is None:  # the plain call: gemm(a, b)'s key
         key = _operands_key(a, b)
-    elif fused:  # only a bias and an activation: their own key
+    elif defaults and (activation is None or type(activation) is str):  # a fused epilogue: its own key
         key = _operands_key(a, b, *(() if bias is None else (bias,)))
         key = None if key is None else ("matmul", activation, key)
     if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it

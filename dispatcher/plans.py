@@ -232,13 +232,12 @@ class Plan(_Launches):
         def run(*arrays):
             result = new_result(arrays[0])
             pointer = data_pointer if type(result) is np.ndarray else _tensor_pointer
-            args = GemmArgs.from_buffer_copy(template)
-            args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
-            if extras:  # a copy of the extra operands' block (the template's is shared), re-pointed
-                extra = type(template._extra).from_buffer_copy(template._extra)
-                for slot, i in enumerate(extras):
-                    extra[slot].data = pointer(arrays[i])
-                args._extra, args.extra = extra, extra
+            if extras:  # bound_gemm_args copies the extra operands' block (the template's is shared)
+                args = bound_gemm_args(template, [pointer(arrays[ia]), pointer(arrays[ib]), pointer(result),
+                                                  *[pointer(arrays[i]) for i in extras]], DEFAULT_SCALARS, ())
+            else:  # the commonest call, (a, b): only the three pointers
+                args = GemmArgs.from_buffer_copy(template)
+                args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
             if nbytes:
                 WORKSPACES.attach(library, args, stream, nbytes)
             status = entry(args)

@@ -38,11 +38,7 @@ class WorkerPlacement {
     // In the calling thread, before the parallel region.
     WorkerPlacement() {
 #if defined(__linux__)
-        if (omp_get_proc_bind() == omp_proc_bind_false && !std::getenv("OMP_PROC_BIND") &&
-            !std::getenv("OMP_PLACES")) {
-            process_cpus();  // read from this thread's mask, before any worker is bound
-            caller_ = sched_getcpu();
-        }
+        if (binds()) caller_ = sched_getcpu();
 #endif
     }
 
@@ -75,6 +71,19 @@ class WorkerPlacement {
 
   private:
 #if defined(__linux__)
+    // Whether workers are placed here at all: asked once, as the OpenMP
+    // runtime reads OMP_PROC_BIND and OMP_PLACES once (the environment is
+    // not walked on every call), and the CPU set read then too.
+    static bool binds() {
+        static const bool yes = [] {
+            if (omp_get_proc_bind() != omp_proc_bind_false || std::getenv("OMP_PROC_BIND") ||
+                std::getenv("OMP_PLACES"))
+                return false;
+            process_cpus();  // read from this thread's mask, before any worker is bound
+            return true;
+        }();
+        return yes;
+    }
     // The CPUs this process may run on, sorted, read once from the first
     // calling thread's mask (which its workers inherit).
     static const std::vector<int>& process_cpus() {

@@ -1007,14 +1007,14 @@ class SharedPackedA {
     // Packs P's A on `threads` threads and points P at it, if it pays.
     void pack(Problem<T>& P, int threads) {
         const int64_t rows = P.tiles_m(), blocks = P.k_iters();
-        bytes_ = size_t(rows * blocks) * T::a_panel_bytes;
-        if (P.tiles_n() < 3 || bytes_ > kMaxBytes) return;
+        const size_t bytes = size_t(rows * blocks) * T::a_panel_bytes;
+        if (P.tiles_n() < 3 || bytes > kMaxBytes) return;
         Kept& kept = kept_buffer();
-        if (kept.capacity < bytes_) {
+        if (kept.capacity < bytes) {
             kept.capacity = 0;  // a failed allocation below leaves no stale size
             kept.buffer.reset();
-            kept.buffer.reset(static_cast<unsigned char*>(aligned_buffer(bytes_)));
-            kept.capacity = bytes_;
+            kept.buffer.reset(static_cast<unsigned char*>(aligned_buffer(bytes)));
+            kept.capacity = bytes;
         }
         unsigned char* base = kept.buffer.get();
         parallel_tiles(threads, rows * blocks, [&](int64_t t) {
@@ -1039,7 +1039,6 @@ class SharedPackedA {
         static thread_local Kept kept;
         return kept;
     }
-    size_t bytes_ = 0;
 };
 
 }  // namespace dcpu
