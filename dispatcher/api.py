@@ -107,20 +107,13 @@ def _session(record, arrays: dict, target: str):
 
 
 def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, target, config, options,
-          strict, autotune, dispatcher):
+          strict, autotune, dispatcher, remember=None):
     """Every declared kind's call: checks, the plan of its kind of call
-    (made once), the launch; the result in the kind the caller passed."""
-    key = None
-    if dispatcher is None and config is None and options is None and target == "auto":
-        roles = kinds.role_names(record)
-        if arrays.get(roles.get("out")) is None and arrays.get(roles.get("c")) is None:
-            key = _direct_key(record, arrays, params, choices, out_dtype, strict, autotune)
-            try:
-                found = _DIRECT.get(key) if key is not None else None
-            except TypeError:  # an unhashable value in the call: the general path checks it
-                found = key = None
-            if found is not None and found.current():
-                return found.run_direct(arrays, params)
+    (made once), the launch; the result in the kind the caller passed.
+    remember: (key, operand order) of a call that `_RUNNERS` may serve
+    (the key holds everything the plan depends on): where the plan's
+    runner can run such calls on the caller's own arrays, the next call
+    of that key goes straight to it."""
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -135,52 +128,11 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
                          out_dtype, target, core[1] != 0, config, resolved, bool(strict),
                          _autotuning(autotune) if config is None else False)
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
-    if key is not None and plan.runs_direct():
-        _DIRECT[key] = plan
+    if remember is not None and session.in_place and plan.runner(remember[1], core) is not None:
+        _RUNNERS[remember[0]] = (plan, remember[1], core, dispatcher)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
     return session.finish(result, host_out)
-
-
-# Plans whose calls go straight to the kernel (`Plan.run_direct`), by
-# `_direct_key`: a call of the default dispatcher with no out, c, config or
-# options finds its plan without building the general signature
-# (benchmarks/call_overhead.py; a plain numpy 16^3 gemm is mostly this).
-_DIRECT: dict = {}
-
-
-def _direct_key(record, arrays: dict, params: dict, choices: dict, out_dtype, strict, autotune):
-    """What such a call's plan depends on: each operand's shape, strides and
-    dtype (numpy arrays), with a torch CUDA tensor's device, current
-    stream and address alignment class; None for any other call."""
-    if params.get("beta"):
-        return None
-    first = next(iter(arrays.values()))
-    kind = type(first)
-    parts = []
-    if kind is np.ndarray:
-        for name, x in arrays.items():
-            if type(x) is np.ndarray:
-                parts.append((name, x.shape, x.strides, x.dtype))
-            elif x is not None:
-                return None  # another kind of array: the general path says what is wrong
-        where = None
-    elif kind.__module__.startswith("torch") and getattr(first, "is_cuda", False):
-        plain = _plain_tensor_types()
-        device = first.get_device()
-        for name, x in arrays.items():
-            if type(x) in plain and x.is_cuda and x.get_device() == device:
-                parts.append((name, x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
-            elif x is not None:
-                return None  # mixed kinds or devices: the general path says what is wrong
-        stream = _torch_stream(device)
-        if stream is None:
-            return None
-        where = (device, stream)
-    else:
-        return None
-    return (id(record), tuple(parts), tuple(sorted(choices.items())) if choices else (), out_dtype, where,
-            strict, autotune)
 
 
 _RUNTIME = []  # the torch runtime, once asked for
@@ -188,7 +140,7 @@ _PLAIN_TENSORS = []  # torch.Tensor and torch.nn.Parameter, once a tensor is see
 
 
 def _plain_tensor_types() -> tuple:
-    """The torch types `_direct_key` takes: tensors and Parameters (an
+    """The torch types `_operands_key` takes: tensors and Parameters (an
     nn.Linear's bias), not subclasses that change what a call means."""
     if not _PLAIN_TENSORS:
         import torch
@@ -233,14 +185,12 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
                          out_dtype, target, core[1] != 0, config,
                          _launch_options(record, options, session.stream), bool(strict),
                          _autotuning(autotune) if config is None else False)
-    held = HeldPlan(made, record, target, params)
-    in_place = all(imported.get(n) is x for n, x in operands.items() if x is not None)
-    if made.problem is not None and not options and in_place:  # calls like this one may go straight to the kernel
-        # (not where the session copied the arrays, say numpy ones to a GPU: such calls must be copied too)
-        held.key = _direct_key(record, {n: x for n, x in operands.items() if n != held.out}, params, {}, None,
-                               False, False)
-        if not params and set(operands) == {held.names[0], held.names[1]}:  # p(a, b), as gemm(a, b) runs it
-            held.pair_key = _operands_key(*(operands[n] for n in held.names[:2]))
+    held = HeldPlan(made, record, target, params, dispatcher)
+    if made.problem is not None and session.in_place and "stream" not in (options or {}):
+        # calls on arrays like these may go straight to the plan's runner
+        held.order = tuple(n for n in held.names if operands.get(n) is not None)
+        held.key = _operands_key(*(operands[n] for n in held.order))
+        held.scalars = core
     return held
 
 
@@ -249,24 +199,28 @@ class HeldPlan:
     planned kind of call on new arrays, positional in the variant's
     declared operand order (a, b first) or by name, with new scalars."""
 
-    def __init__(self, made, record, target: str, params: dict):
-        self.plan, self.record, self.target = made, record, targets.get(target)
+    def __init__(self, made, record, target: str, params: dict, dispatcher=None):
+        self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher
         self.names = tuple(o.name for o in kinds.operands_of(record))
         self.out = made.names.get("out")
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
-        self.key = None  # the `_direct_key` of the planned call, where it may run directly
-        self.pair_key = None  # its `_operands_key`, where p(a, b) may run as a plain gemm(a, b)
+        # (operand names, `_operands_key`, core scalars) of the planned call, where its
+        # runner may run calls with the same arrays' specs and no new scalars
+        self.order = self.key = self.scalars = None
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
 
     def __call__(self, *operands, **arguments):
-        if self.pair_key is not None and not arguments and len(operands) == 2:
-            plan = self.plan
-            pair = plan.runner(self.names[:2])
-            if pair is not None and plan.current() and _operands_key(*operands) == self.pair_key:
-                return pair(*operands)
+        if self.key is not None and len(operands) <= len(self.names):
+            given = {**arguments, **dict(zip(self.names, operands))} if arguments else dict(zip(self.names, operands))
+            arrays = [given.get(n) for n in self.order]
+            if len(given) == len(arrays) and _operands_key(*arrays) == self.key \
+                    and self.plan.current(self.dispatcher):
+                runner = self.plan.runner(self.order, self.scalars)
+                if runner is not None:
+                    return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
                                f"({', '.join(self.names)}), got {len(operands)}")
@@ -276,9 +230,6 @@ class HeldPlan:
                                "make another plan")
         given.update(zip(self.names, operands))
         params = {**self.params, **params} if params else self.params
-        if self.key is not None and self.plan.runs_direct() and given.get(self.out) is None \
-                and _direct_key(self.record, given, params, {}, None, False, False) == self.key:
-            return self.plan.run_direct(given, params)
         session = self.target.session(*(given.get(n) for n in self.names))
         imported = {n: x for n, x in zip(self.names, session.arrays) if x is not None}
         out_name = self.plan.names.get("out")
@@ -323,12 +274,23 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     plain = (c is None and out is None and type(alpha) is float and alpha == 1.0 and type(beta) is float
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
-    key = _operands_key(a, b) if plain else None
+    if plain:  # the commonest call: its key is its operands' (shared with matmul(a, b))
+        key = _operands_key(a, b)
+    elif c is None and config is None and options is None and type(alpha) is float and type(beta) is float \
+            and beta == 0.0:  # a call whose other arguments only decide its plan: they are in its key
+        key = _operands_key(a, b) if out is None else _operands_key(a, b, out)
+        if key is not None:
+            key = ("gemm", alpha, out_dtype, variant, target, strict, autotune, id(dispatcher), key)
+    else:
+        key = None
     if key is not None and not a.ndim == b.ndim == 2:  # matmul's batched pairs are not gemm's
         key = None
-    runner = _runner(key)
+    try:
+        runner = _runner(key)
+    except TypeError:  # an unhashable argument: the general path says what is wrong with it
+        runner = key = None
     if runner is not None:
-        return runner(a, b)
+        return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
     arrays = {roles["a"]: a, roles["b"]: b}
@@ -336,40 +298,31 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["c"]] = c
     if out is not None:
         arrays[roles["out"]] = out
-    result = _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
-                   config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
-    if key is not None:
-        _remember_runner(key, record, arrays, (roles["a"], roles["b"]))
-    return result
+    return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
+                 config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher,
+                 remember=None if key is None else (key, tuple(arrays)))
 
 
-# Plain calls, the commonest ones: `gemm(a, b)` and `matmul(a, b)` with every
-# default, `matmul` with only a bias and an activation, `run` with only
-# operands and variant values. By a key read straight off the call (see
-# `_operands_key`), the plan and operand order whose `Plan.runner` runs
-# them, so that such a call costs a key, a lookup and the runner. (gemm and
-# matmul share the key of (a, b): both run the regular variant on 2-D
-# operands with the same plan; matmul's batched ones have more dims, which
-# gemm refuses.)
+# Calls whose plan a key read straight off the call decides: `gemm` and
+# `matmul` with every default (sharing the key of (a, b): both run the
+# regular variant on 2-D operands with the same plan; matmul's batched
+# ones have more dims, which gemm refuses), `gemm` with an out, target,
+# dispatcher, alpha, out_dtype, strict or autotune (all in its key),
+# `matmul` with a bias, an activation or an out, `run` with only operands,
+# variant values and float scalars (see `_operands_key`). Each key maps to
+# (plan, operand order, core scalars, the dispatcher given or None), and
+# the plan's runner for that order and those scalars runs the call, so
+# that such a call costs a key, a lookup and the runner.
 _RUNNERS: dict = {}
 
 
 def _runner(key):
-    """The runner of the plain calls of `key` (None: none yet, or its plan
-    is no longer what the hook chain would choose)."""
+    """The runner of the calls of `key` (None: none yet, or its plan no
+    longer binds what the hook chain would choose)."""
     found = _RUNNERS.get(key) if key is not None else None
-    if found is None or not found[0].current():
+    if found is None or not found[0].current(found[3]):
         return None
-    return found[0].runner(found[1])
-
-
-def _remember_runner(key, record, arrays: dict, order: tuple, choices: dict | None = None):
-    """After a plain call went the general way: the plan it made (or found)
-    serves the next such call directly, where its kernel allows. order:
-    the names of the operands the key's call passes, in its order."""
-    made = _DIRECT.get(_direct_key(record, arrays, {}, choices or {}, None, False, None))
-    if made is not None and made.runner(order) is not None:
-        _RUNNERS[key] = (made, order)
+    return found[0].runner(found[1], found[2])
 
 
 def _operands_key(*arrays):
@@ -416,42 +369,49 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
     call fixes (e.g. `activation`). target, config, options, out_dtype,
     strict and autotune as for `dispatcher.gemm`.
     """
-    key = order = None
+    remember = None
     if target == "auto" and out_dtype is None and config is None and options is None and strict is False \
             and autotune is None and dispatcher is None:
-        key, order = _plain_run_key(variant, arguments)
-        runner = _runner(key)
+        remember = _plain_run_key(variant, arguments)
+        try:
+            runner = _runner(remember and remember[0])
+        except TypeError:  # an unhashable value: the general path says what is wrong with it
+            runner = remember = None
         if runner is not None:
-            return runner(*(arguments[name] for name in order))
+            return runner(*(arguments[name] for name in remember[1]))
+    return _run(variant, arguments, target=target, out_dtype=out_dtype, config=config, options=options,
+                strict=strict, autotune=autotune, dispatcher=dispatcher, remember=remember)
+
+
+def _run(variant: str, arguments: dict, *, target, out_dtype, config, options, strict, autotune, dispatcher,
+         remember=None):
+    """`run`'s general path (remember: as for `_call`)."""
     record = _record(dispatcher, variant)
     if not record.operands and record.problem_kind != "gemm":
         raise ConfigError(f"variant {variant!r} declares no operands ({record.problem_kind} problems): "
                           "call dispatcher.grouped_gemm or dispatcher.grouped_mm")
     operands, params, choices = kinds.split_call(record, arguments)
-    result = _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
-                   options=options, strict=strict, autotune=autotune, dispatcher=dispatcher)
-    if key is not None and not params:
-        _remember_runner(key, record, operands, order, choices)
-    return result
+    return _call(record, operands, params, choices, out_dtype=out_dtype, target=target, config=config,
+                 options=options, strict=strict, autotune=autotune, dispatcher=dispatcher, remember=remember)
 
 
-def _plain_run_key(variant: str, arguments: dict) -> tuple:
+def _plain_run_key(variant: str, arguments: dict):
     """(key, operand order) of a plain `run` call: one whose arguments are
-    arrays, strings (variant values) and None (in the key by name: a None
-    the general path refuses, say `alpha=None`, is never remembered);
-    (None, None) for any other."""
+    arrays, strings (variant values), floats (scalars) and None (in the key
+    by name: a value the general path refuses, say `alpha=None`, is never
+    remembered); None for any other."""
     if type(variant) is not str:
-        return None, None
+        return None
     order, values = [], []
     for name, x in arguments.items():
-        if type(x) is str or x is None:
+        if type(x) is str or x is None or type(x) is float:
             values.append((name, x))
         else:
             order.append(name)
     if not order:
-        return None, None
+        return None
     key = _operands_key(*(arguments[name] for name in order))
-    return (None, None) if key is None else (("run", variant, tuple(order), tuple(values), key), tuple(order))
+    return None if key is None else (("run", variant, tuple(order), tuple(values), key), tuple(order))
 
 
 def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,
@@ -464,21 +424,20 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     one value per output column (N,) or per row (M, 1), optionally with
     batch dims; stored in the output dtype. activation: relu, gelu or silu.
     """
-    defaults = (out is None and type(alpha) is float and alpha == 1.0 and type(scale_a) is float
-                and scale_a == 1.0 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None
-                and variant is None and target == "auto" and config is None and options is None
-                and dispatcher is None)  # every argument but bias and activation at its default
-    key = None
-    if defaults and bias is None and activation is None:  # the plain call: gemm(a, b)'s key
-        key = _operands_key(a, b)
-    elif defaults and (activation is None or type(activation) is str):  # a fused epilogue: its own key
-        key = _operands_key(a, b, *(() if bias is None else (bias,)))
-        key = None if key is None else ("matmul", activation, key)
-    if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
-        key = None
+    defaults = (type(alpha) is float and alpha == 1.0 and type(scale_a) is float and scale_a == 1.0
+                and type(scale_b) is float and scale_b == 1.0 and out_dtype is None and variant is None
+                and target == "auto" and config is None and options is None and dispatcher is None)
+    key = order = None  # every argument but bias, activation and out at its default: a key of its own
+    if defaults and (activation is None or type(activation) is str):
+        order = ("a", "b") + (() if bias is None else ("bias",)) + (() if out is None else ("out",))
+        key = _operands_key(a, b, *(() if bias is None else (bias,)), *(() if out is None else (out,)))
+        if key is not None and len(order) + (activation is not None) > 2:  # else the plain call: gemm(a, b)'s key
+            key = ("matmul", activation, order, key)
+        if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
+            key = None
     runner = _runner(key)
     if runner is not None:
-        return runner(a, b) if bias is None else runner(a, b, bias)
+        return runner(a, b, *(() if bias is None else (bias,)), *(() if out is None else (out,)))
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:
@@ -494,12 +453,9 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         extra["activation"] = activation
     if scale_a != 1.0 or scale_b != 1.0:
         extra.update(scale_a=scale_a, scale_b=scale_b)
-    result = run(variant, a=a, b=b, out=out, alpha=alpha, target=target, out_dtype=out_dtype,
-                 config=config, options=options, dispatcher=dispatcher, **extra)
-    if key is not None:
-        _remember_runner(key, _record(None, variant), {"a": a, "b": b, **({} if bias is None else {"bias": bias})},
-                         ("a", "b") if bias is None else ("a", "b", "bias"),
-                         {} if activation is None else {"activation": activation})
+    result = _run(variant, {"a": a, "b": b, "out": out, "alpha": alpha, **extra}, target=target,
+                  out_dtype=out_dtype, config=config, options=options, strict=False, autotune=None,
+                  dispatcher=dispatcher, remember=None if key is None else (key, order))
     return result.squeeze(tuple(squeeze)) if squeeze else result
 
 

@@ -76,6 +76,7 @@ class HostSession:
 
     memory = HOST
     stream = 0
+    in_place = True  # the kernels read and write the caller's arrays (no copies)
 
     def __init__(self, *arrays):
         for x in arrays:

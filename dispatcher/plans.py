@@ -159,41 +159,22 @@ class Plan(_Launches):
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
         self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
 
-    def current(self) -> bool:
-        """Whether the plan still binds what the default dispatcher's hook
-        chain would choose (no plugin registered since, no manager reset)."""
+    def current(self, dispatcher=None) -> bool:
+        """Whether the plan still binds what the hook chain of `dispatcher`
+        (None: the default dispatcher) would choose: no plugin registered
+        since, no manager reset."""
         d = self.dispatcher
+        if dispatcher is not None:
+            return d is dispatcher and self.generation == d.manager.generation
         return d is dispatch._DEFAULT and self.generation == d.manager.generation and \
             d.manager is plugins._MANAGER
 
-    def runs_direct(self) -> bool:
-        """Whether `run_direct` may run the plan's calls: one launch into a
-        new result, nothing staged or copied, the bound kernel's entry point."""
+    def _runs_direct(self) -> bool:
+        """Whether a runner may run the plan's calls: one launch, nothing
+        staged or copied, the bound kernel's entry point."""
         layout = self.layout
         return (self._direct is not None and layout.problem is not None and layout.problem.k > 0
                 and layout.c is None and not layout.staged)
-
-    def run_direct(self, arrays: dict, params: dict):
-        """A call with the plan's specs and no out or c (`api`'s memo of
-        such calls; numpy arrays, or torch tensors on the planned device and
-        stream): its scalars checked, a new result, the kernel's entry
-        point with the plan's argument block re-pointed."""
-        layout = self.layout
-        core, values = kinds.scalars(self.record, params)
-        if layout.integer_output:
-            _integer_output_scalars(layout.result_dtype, alpha=core[0], beta=core[1])
-        first = arrays[self.names["a"]]
-        result = self._new_result(first)
-        pointer = data_pointer if type(first) is np.ndarray else _tensor_pointer
-        entry, template, library, nbytes = self._direct
-        args = bound_gemm_args(template, [pointer(result if name is None else arrays[name]) for name in self._slots],
-                               core, values)
-        if nbytes:
-            WORKSPACES.attach(library, args, self.options.get("stream", 0), nbytes)
-        status = entry(args)
-        if status:
-            library.check(status)
-        return result
 
     def _new_result(self, like):
         """A new row-major result of the kind `like` is: a numpy array, or a
@@ -206,35 +187,59 @@ class Plan(_Launches):
             self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
         return like.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
 
-    def runner(self, order: tuple):
-        """The plan's calls as the plain calls make them (every scalar at its
-        default: alpha 1, beta 0, scales 1; no c or out), on arrays passed
-        in `order` (operand names): a function of those arrays that
-        allocates the result, points a copy of the argument block at them
-        and calls the entry point; the fewest steps a call can take. None
-        where such calls cannot go straight to the kernel (yet: a plan's
-        first call binds it). Made once per order and bound kernel: a plan
-        that chooses again (after a plugin registration) drops them."""
-        found = self.runners.get(order)
+    def runner(self, order: tuple, scalars: tuple = DEFAULT_SCALARS):
+        """The plan's calls on arrays passed in `order` (operand names; the
+        output's name among them: the result goes there, else into a new
+        row-major array) with the core scalars `scalars` (alpha, beta,
+        scale_a, scale_b; beta 0) and the variant's parameters at their
+        defaults: a function of those arrays that checks what depends on
+        the data (the output writable and apart from the inputs), points
+        a copy of the argument block at them and calls the entry point; the
+        fewest steps a call can take. The api's memo of calls (`api._RUNNERS`)
+        and held plans run them. None where such calls cannot go straight
+        to the kernel (yet: a plan's first call binds it). Made once per
+        order and scalars and bound kernel: a plan that chooses again (after
+        a plugin registration) drops them."""
+        found = self.runners.get((order, scalars))
         if found is not None:
             return found
-        if not self.runs_direct() or self.layout.integer_output or self.record.params:
+        if not self._runs_direct() or self.layout.integer_output or self.record.params or scalars[1] != 0:
             return None
-        slots = self._slots
-        if slots[2] is not None or None in slots[:2] + slots[3:] or sorted(slots[:2] + slots[3:]) != sorted(order):
+        slots, out = self._slots, self.names.get("out")
+        inputs = [name for name in slots if name is not None]
+        if (out in order) != (dict(self.specs).get(out) is not None) or slots[2] is not None or None in slots[:2] + slots[3:] or \
+                sorted(inputs + ([out] if out in order else [])) != sorted(order):
             return None
         entry, template, library, nbytes = self._direct
-        template = bound_gemm_args(template, (0,) * len(slots), DEFAULT_SCALARS, ())
+        template = bound_gemm_args(template, (0,) * len(slots), scalars, ())
         ia, ib = order.index(slots[0]), order.index(slots[1])
         extras = tuple(order.index(name) for name in slots[3:])  # where the extra operands are in a call
         stream, new_result = self.options.get("stream", 0), self._new_result
+        io = order.index(out) if out in order else None
+        spans = dict((name, _span(spec)) for name, spec in self.specs if spec is not None)
+        apart = tuple((order.index(name), name, spans[name]) for name in inputs)  # what out must not overlap
+
+        def result_of(arrays, pointer):
+            """The given output, checked, or a new result."""
+            if io is None:
+                return new_result(arrays[0])
+            result = arrays[io]
+            if type(result) is np.ndarray and not result.flags.writeable:
+                raise ProblemError(f"{out} is read-only")
+            start = pointer(result)
+            end = start + spans[out]
+            for i, name, span in apart:
+                x = pointer(arrays[i])
+                if x < end and start < x + span and _shares_memory(result, arrays[i]):
+                    raise AliasingError(f"{out} overlaps {name}; the kernel would read what it writes")
+            return result
 
         def run(*arrays):
-            result = new_result(arrays[0])
-            pointer = data_pointer if type(result) is np.ndarray else _tensor_pointer
+            pointer = data_pointer if type(arrays[0]) is np.ndarray else _tensor_pointer
+            result = result_of(arrays, pointer)
             if extras:  # bound_gemm_args copies the extra operands' block (the template's is shared)
                 args = bound_gemm_args(template, [pointer(arrays[ia]), pointer(arrays[ib]), pointer(result),
-                                                  *[pointer(arrays[i]) for i in extras]], DEFAULT_SCALARS, ())
+                                                  *[pointer(arrays[i]) for i in extras]], scalars, ())
             else:  # the commonest call, (a, b): only the three pointers
                 args = GemmArgs.from_buffer_copy(template)
                 args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
@@ -244,7 +249,7 @@ class Plan(_Launches):
             if status:
                 library.check(status)
             return result
-        self.runners[order] = run
+        self.runners[order, scalars] = run
         return run
 
     def matches(self, arrays: dict) -> bool:
@@ -353,6 +358,18 @@ class Plan(_Launches):
         plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
                        self.target.name, False, None, self.options)
         plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
+
+
+def _span(spec) -> int:
+    """Bytes from an array's first element to past its last (strides >= 0)."""
+    return sum((n - 1) * s for n, s in zip(spec.shape, spec.strides)) + spec.itemsize
+
+
+def _shares_memory(x, y) -> bool:
+    """Whether two arrays whose extents overlap share an element: numpy
+    says exactly; device memory counts the overlap of extents, as the
+    device's `overlaps` does."""
+    return np.shares_memory(x, y) if type(x) is np.ndarray else True
 
 
 def _default(record, name):

@@ -13,7 +13,10 @@ import dispatcher
 from dispatcher.api import Dispatcher
 from dispatcher.errors import AliasingError, ProblemError
 from dispatcher.plugins import PluginManager
+from dispatcher.plans import DEFAULT_SCALARS
 from dispatcher.verify import max_rel, poison, random_matrix, reference
+
+PLAIN = (("a", "b"), DEFAULT_SCALARS)  # `Plan.runners`' key of plain (a, b) calls
 
 SMALL = dict(tile_m=24, tile_n=64, tile_k=32)
 
@@ -95,24 +98,71 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
         assert max_rel(dispatcher.gemm(a2, b), reference(a2, b)) <= 1e-5
     key = api._operands_key(a, b)
     plan = api._RUNNERS[key][0]
-    runner, ran = plan.runners[("a", "b")], []
-    monkeypatch.setitem(plan.runners, ("a", "b"), lambda x, y: ran.append(1) or runner(x, y))
+    runner, ran = plan.runners[PLAIN], []
+    monkeypatch.setitem(plan.runners, PLAIN, lambda x, y: ran.append(1) or runner(x, y))
     from dispatcher import plans  # the runner's result starts poisoned: every element must be written
     monkeypatch.setattr(plans, "np", SimpleNamespace(ndarray=np.ndarray, empty=lambda *s: poison(np.empty(*s))))
     assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5 and ran == [1]
     monkeypatch.setattr(plans, "np", np)
-    monkeypatch.setitem(plan.runners, ("a", "b"), runner)
+    monkeypatch.setitem(plan.runners, PLAIN, runner)
     assert max_rel(dispatcher.gemm(a, b, alpha=3.0), reference(a, b, alpha=3.0)) <= 1e-5 and ran == [1]
     held = dispatcher.plan("regular", a=a, b=b)
     for _ in range(3):  # the first call binds the kernel; the others run the pair runner
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(held(a2, b), reference(a2, b)) <= 1e-5
-    assert held.plan.runners.get(("a", "b")) is not None
+    assert held.plan.runners.get(PLAIN) is not None
     with pytest.raises(ProblemError, match="do not match the plan"):
         held(a, np.ascontiguousarray(b))  # another layout: not the pair's key, and refused
     scaled = dispatcher.plan("regular", a=a, b=b, alpha=2.0)  # its own scalars: never the pair runner
     assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5
-    assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5 and scaled.pair_key is None
+    assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5 and scaled.scalars == (2.0, 0.0, 1.0, 1.0)
+
+
+def test_calls_with_out_target_dispatcher_or_alpha_take_a_runner_of_their_own(rng, monkeypatch):
+    """Arguments that only decide a call's plan (out, target, dispatcher,
+    alpha, out_dtype, strict, autotune) are in its key: the second such
+    call runs its plan's runner, into the given out (poisoned first), and
+    still refuses an out that overlaps an input or is read-only; a held
+    plan made with an out does the same."""
+    from dispatcher import api
+    d = Dispatcher()
+    a, b = random_matrix(27, 19, "fp32", "r", rng), random_matrix(19, 23, "fp32", "c", rng)
+    out, ran = np.empty((27, 23), np.float32), []
+    calls = {"out": lambda x: dispatcher.gemm(x, b, out=out),
+             "target": lambda x: dispatcher.gemm(x, b, target="cpu", out_dtype="fp32"),
+             "dispatcher": lambda x: dispatcher.gemm(x, b, out=out, dispatcher=d, strict=True),
+             "alpha": lambda x: dispatcher.gemm(x, b, alpha=2.0, autotune=False),
+             "matmul out": lambda x: dispatcher.matmul(x, b, out=out),
+             "run alpha": lambda x: dispatcher.run("regular", a=x, b=b, out=out, alpha=2.0)}
+    for name, call in calls.items():
+        call(a)
+        runs = len(api._RUNNERS)
+        entry = next(v for v in api._RUNNERS.values() if v[0].specs[0][1].strides == a.strides and v[3] is
+                     (d if name == "dispatcher" else None) and v[2][0] == (2.0 if "alpha" in name else 1.0)
+                     and ("out" in v[1]) == (name not in ("target", "alpha")))
+        runner = entry[0].runner(entry[1], entry[2])
+        monkeypatch.setitem(entry[0].runners, entry[1:3], lambda *x, runner=runner: ran.append(name) or runner(*x))
+        a2 = random_matrix(27, 19, "fp32", "r", rng)
+        poison(out)
+        got = call(a2)
+        want = reference(a2, b, alpha=2.0 if "alpha" in name else 1.0)
+        assert ran[-1] == name and len(api._RUNNERS) == runs and max_rel(got, want) <= 1e-5, name
+        assert (got is out) == ("out" in entry[1]), name
+    square = random_matrix(23, 23, "fp32", "r", rng)
+    dispatcher.gemm(square, square[:, ::-1][:, ::-1].T.T, out=np.empty((23, 23), np.float32))
+    for _ in range(2):  # the runner of this kind of call checks the out it is given
+        with pytest.raises(AliasingError, match="out overlaps a"):
+            dispatcher.gemm(square, square.copy(), out=square)
+        with pytest.raises(ProblemError, match="read-only"):
+            dispatcher.gemm(square, square.copy(), out=np.broadcast_to(np.empty((23, 23), np.float32), (23, 23)))
+    held = dispatcher.plan("regular", a=a, b=b, out=out)
+    for _ in range(2):
+        poison(out)
+        assert held(a, b, out=out) is out and max_rel(out, reference(a, b)) <= 1e-5
+    assert held.plan.runners.get((("a", "b", "out"), DEFAULT_SCALARS)) is not None
+    inside = out.reshape(-1)[:a.size].reshape(a.shape)  # a's specs, in out's memory
+    with pytest.raises(AliasingError, match="out overlaps a"):
+        held(inside, b, out=out)
 
 
 def test_plain_matmul_calls_run_the_pair_runner_of_their_plan(rng):
@@ -148,7 +198,7 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
     for _ in range(2):
         dispatcher.gemm(a, b)
     plan = api._RUNNERS[api._operands_key(a, b)][0]
-    before = plan.runners.get(("a", "b"))
+    before = plan.runners.get(PLAIN)
     assert before is not None
 
     class Nothing:
@@ -159,7 +209,7 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
         for _ in range(2):
             assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5
         now = api._RUNNERS[api._operands_key(a, b)][0]
-        assert now.runners.get(("a", "b")) is not None and now.runners[("a", "b")] is not before
+        assert now.runners.get(PLAIN) is not None and now.runners[PLAIN] is not before
     finally:
         manager.unregister(name="nothing-test-plugin")
 
@@ -297,12 +347,12 @@ def test_fused_matmul_and_run_calls_take_their_own_runners(monkeypatch, rng):
     for _ in range(3):  # the first call plans and binds; the others run the runner
         assert max_rel(dispatcher.matmul(a, b, bias=bias, activation="relu"), want["relu"]) <= 1e-5
         assert max_rel(dispatcher.run("regular", a=a, b=b, bias=bias), want["none"]) <= 1e-5
-    relu = api._RUNNERS[("matmul", "relu", api._operands_key(a, b, bias))]
+    relu = api._RUNNERS[("matmul", "relu", ("a", "b", "bias"), api._operands_key(a, b, bias))]
     plain = api._RUNNERS[("run", "regular", ("a", "b", "bias"), (), api._operands_key(a, b, bias))]
     assert relu[0] is not plain[0] and relu[1] == plain[1] == ("a", "b", "bias")
     ran = []
-    runner = relu[0].runner(relu[1])
-    monkeypatch.setitem(relu[0].runners, relu[1], lambda *x: ran.append(1) or runner(*x))
+    runner = relu[0].runner(relu[1], relu[2])
+    monkeypatch.setitem(relu[0].runners, relu[1:3], lambda *x: ran.append(1) or runner(*x))
     from dispatcher import plans  # the runner's result starts poisoned: every element must be written
     monkeypatch.setattr(plans, "np", SimpleNamespace(ndarray=np.ndarray, empty=lambda *s: poison(np.empty(*s))))
     a2 = random_matrix(29, 23, "fp32", "r", rng)

@@ -194,6 +194,7 @@ class DeviceSession:
         _bind_thread(device)
         self.stream = mine.current_stream(device)
         self.arrays = tuple([self.to_device(x) for x in arrays])
+        self.in_place = not self.host_inputs  # the kernels read and write the caller's arrays (no copies)
 
     def to_device(self, x):
         if x is None:
