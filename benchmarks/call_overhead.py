@@ -210,7 +210,9 @@ def gpu_call(args) -> dict:
     a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
     b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
     held = dispatcher.plan("regular", a=a, b=b)
+    into = torch.empty_like(a)
     compare("gemm 256^3 bf16", {"dispatcher.gemm": lambda: dispatcher.gemm(a, b), "held plan": lambda: held(a, b),
+                                 "dispatcher.gemm out target": lambda: dispatcher.gemm(a, b, out=into, target="cuda"),
                                  "dispatcher.torch.gemm": lambda: dt.gemm(a, b)}, lambda: torch.matmul(a, b))
     x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
     ref = torch.nn.Linear(256, 256, device=dev, dtype=torch.bfloat16)

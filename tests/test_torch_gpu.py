@@ -238,3 +238,26 @@ def test_a_held_plan_on_torch_tensors():
     for seed in (3, 4):
         a2 = matrix(256, 256, seed)
         assert rel(p(a2, b), a2.double() @ b.double()) <= BF16
+
+
+def test_calls_with_an_out_run_their_runner_on_torch_tensors():
+    """gemm with an out and a target, and a held plan made with an out, go
+    straight to their plan's runner from the second call: the out (poisoned
+    first) is written and returned, an out overlapping an input is refused."""
+    import dispatcher
+    from dispatcher import api
+    from dispatcher.errors import AliasingError
+    a, b = matrix(256, 256, 1), matrix(256, 256, 2)
+    out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    held = dispatcher.plan("regular", a=a, b=b, out=out)
+    for seed in (3, 4, 5):
+        a2 = matrix(256, 256, seed)
+        for call in (lambda: dispatcher.gemm(a2, b, out=out, target="cuda"), lambda: held(a2, b, out=out)):
+            out.fill_(float("nan"))
+            assert call() is out and rel(out, a2.double() @ b.double()) <= BF16
+    assert any("out" in entry[1] and entry[0].target.name == "cuda" for entry in api._RUNNERS.values())
+    inside = out[:, :]  # a's specs in out's memory
+    with pytest.raises(AliasingError, match="out overlaps a"):
+        held(inside, b, out=out)
+    with pytest.raises(AliasingError, match="out overlaps a"):
+        dispatcher.gemm(inside, b, out=out, target="cuda")
