@@ -14,7 +14,8 @@
 # machine; test: the GPU tests; bench: the CUDA benchmark; torchbuild,
 # torchtest, torchbench: the same for dispatcher.torch (TORCH_BENCH_ARGS=--autotune
 # to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
-# epilogue GPU tests; alltests: every GPU test file in one run; unaligned: the unaligned and skinny parts of the CUDA
+# epilogue GPU tests; alltests: every GPU test file in one run (TEST_K: a -k
+# expression to run some); unaligned: the unaligned and skinny parts of the CUDA
 # benchmark; overhead: benchmarks/call_overhead.py's GPU part. Everything it
 # prints and writes lands under $OUT.
 set -u
@@ -43,7 +44,7 @@ for step in "$@"; do
              | tee $OUT/torch_gpu_tests.log | tail -25 ;;
     # every GPU test file in one pytest run
     alltests) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider \
-             tests/test_cuda_gpu.py tests/test_batched_gpu.py tests/test_torch_gpu.py 2>&1 | tee $OUT/all_gpu_tests.log | tail -25 ;;
+             ${TEST_K:+-k} ${TEST_K:+"$TEST_K"} tests/test_cuda_gpu.py tests/test_batched_gpu.py tests/test_torch_gpu.py 2>&1 | tee $OUT/all_gpu_tests.log | tail -25 ;;
     batchedtest) timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q --tb=short -o addopts= -m gpu -p no:cacheprovider tests/test_batched_gpu.py 2>&1 \
              | tee $OUT/batched_gpu_tests.log | tail -25 ;;
     # where a call's host time goes (cProfile of gemm, a held plan, dispatcher.torch.gemm)
