@@ -129,3 +129,21 @@ def test_unsupported_problem_falls_back_to_regular(rng):
     d._selected[problem] = d.config_for(problem, cfg)
     out = dispatcher.gemm(a, b, variant="stream_k", options={"workers": 4}, dispatcher=d)
     assert out[0, 0] == np.float32(a[0, 0] * b[0, 0])
+
+
+@pytest.mark.parametrize("reduction", ["atomic", "linear", "tree"])
+def test_repeated_calls_through_a_plans_runner_start_from_a_zeroed_workspace(reduction, rng):
+    """Calls of a held stream_k plan (and plain calls of the default kernel)
+    go straight to the plan's runner: every call's partials land in a
+    zeroed workspace (a stale one would add the call before's), and every
+    element of the poisoned out is written."""
+    a, b = random_matrix(40, 700, "fp32", "r", rng), random_matrix(700, 60, "fp32", "c", rng)
+    out = np.empty((40, 60), np.float32)
+    held = dispatcher.plan("stream_k", a=a, b=b, out=out,
+                           config={**SMALL, "reduction": reduction, "decomposition": "stream_k"})
+    for _ in range(3):
+        a2 = random_matrix(40, 700, "fp32", "r", rng)
+        poison(out)
+        assert held(a2, b, out=out) is out and max_rel(out, reference(a2, b)) <= 1e-5
+        assert max_rel(dispatcher.gemm(a2, b, variant="stream_k"), reference(a2, b)) <= 1e-5
+    assert held.plan.runners and held.plan.record.name == "stream_k"

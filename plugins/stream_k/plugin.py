@@ -2,9 +2,9 @@
 
 Launch bypasses the kernel registry, as CK's stream-K bridge does: the
 library exports `dispatcher_run_gemm` and `dispatcher_workspace_size` and no
-registry table. The plugin owns the workspace: it asks the kernel for its
-size, allocates it (grown on demand, one per thread so concurrent launches
-never share one) and zeroes it before every launch.
+registry table. Its workspace is the size the kernel asks for, grown on
+demand, one per thread so concurrent launches never share one, and zeroed
+before every launch on the cpu (`dispatcher.workspace`).
 
 Variant block:
   reduction      atomic (partials combined in arrival order: nondeterministic;
@@ -28,9 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatcher import dtypes, targets
-from dispatcher.library import LaunchResult, gemm_args
-from dispatcher.plugin_api import WORKERS, Option, VariantRecord, for_variant, registers, render
-from dispatcher.workspace import WORKSPACES
+from dispatcher.plugin_api import WORKERS, Option, VariantRecord, for_variant, launches_gemm, registers, render
 
 VARIANT = "stream_k"
 HERE = Path(__file__).parent
@@ -143,10 +141,7 @@ def dispatcher_codegen(config, target):
                   decomposition=f"Decomposition::{opts['decomposition']}")
 
 
-@for_variant(VARIANT)
-def dispatcher_launch(library, problem, operands, options):
-    workers, stream = options.get("workers", 0), options.get("stream", 0)
-    args = gemm_args(operands, workers=workers, stream=stream)
-    nbytes = WORKSPACES.attach(library, args, stream)  # grown on demand, zeroed on cpu
-    library.run_gemm(args)  # direct call: no registry table
-    return LaunchResult(library.name, workspace_bytes=nbytes)
+# The library's own `dispatcher_run_gemm`, no registry table; the workspace
+# it asks for is grown on demand and zeroed before each launch where the
+# target says so (`WORKSPACES`), and a plan calls that entry point itself.
+dispatcher_launch = launches_gemm(VARIANT)
