@@ -92,12 +92,14 @@ class Dispatcher:
         record = self.manager.variant(problem.variant)
         check_offered(record, problem)
         configs, rejected = {}, []
+        target = targets.get(problem.target)
         for fields in record.default_configs(problem.target, problem.dtype, problem.layout):
             try:
                 config = self.config_for(problem, fields)
             except ConfigError as e:
                 rejected.append((fields, str(e)))
                 continue
+            config = target.fit_sweep([config], tuple(fields))[0]  # a micro-tile that divides its tile
             problems = config.problems()
             if problems:
                 rejected.append((config.name, "; ".join(problems)))

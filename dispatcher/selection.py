@@ -51,8 +51,10 @@ def rank(problem, candidates, record) -> list:
 
 def estimated_cost(problem, config) -> float:
     """Relative time of `config` on `problem`: the waves of block tiles over
-    the target's parallel workers, each costing its padded area plus the
-    overhead of loading its A and B blocks, which makes small tiles slow. A
+    the target's parallel workers, each costing the area it computes (the
+    target's `computed_tile`: the whole tile, or on the cpu only the
+    micro-tiles a problem smaller than the tile covers) plus the overhead of
+    loading its A and B blocks, which makes small tiles slow. A
     B block a worker reuses for several tiles in a row (the target's
     `panel_reuse`) costs its share once; all of it over the target's
     `compute_rate` of the config (a faster instruction, e.g. the CPU's AMX
@@ -62,6 +64,6 @@ def estimated_cost(problem, config) -> float:
     tiles = problem.tile_count(config.tile_m, config.tile_n)
     waves = math.ceil(tiles / workers)
     reuse = target.panel_reuse(problem, config, workers)
-    per_tile = config.tile_m * config.tile_n * (1.0 + 24.0 / config.tile_n
-                                                + 24.0 / (config.tile_m * reuse))
+    rows, columns = target.computed_tile(problem, config)
+    per_tile = rows * columns * (1.0 + 24.0 / columns + 24.0 / (rows * reuse))
     return waves * per_tile / target.compute_rate(config)

@@ -243,6 +243,16 @@ class CpuTarget:
         micro-kernel (AMX) computes ranks before one that falls back."""
         return cpu_isa.get(config.target_params["isa"]).micro_kernel(config.dtype_a).rate
 
+    def computed_tile(self, problem, config) -> tuple:
+        """(rows, columns) one block tile computes: a tile larger than the
+        problem runs only the micro-tiles that cover it (a 64-row tile of
+        an M = 16 problem computes 16 rows with an 8-row micro-tile, 24
+        with a 12-row one; a grouped problem's largest group decides)."""
+        o, shapes = config.target_params, problem.shapes
+        m, n = max((s[0] for s in shapes), default=0), max((s[1] for s in shapes), default=0)
+        return (max(1, min(config.tile_m, -(-m // o["micro_m"]) * o["micro_m"])),
+                max(1, min(config.tile_n, -(-n // o["micro_n"]) * o["micro_n"])))
+
     def panel_reuse(self, problem, config, workers: int) -> int:
         """Tiles that share one packed B panel: each thread runs a contiguous
         run of tiles, column by column, and packs a column's B panel once."""

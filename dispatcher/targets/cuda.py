@@ -211,6 +211,10 @@ class CudaTarget:
     def arch_id(self) -> str:
         return f"sm_{detect_arch()}"
 
+    def computed_tile(self, problem, config) -> tuple:
+        """A CTA computes its whole tile, however little of it the problem covers."""
+        return config.tile_m, config.tile_n
+
     def panel_reuse(self, problem, config, workers: int) -> int:
         """1: every CTA loads the A and B blocks of its own tile."""
         return 1

@@ -28,6 +28,7 @@ CPU_DEFAULTS = (
     dict(tile_m=96, tile_n=256, tile_k=256),
     dict(tile_m=48, tile_n=512, tile_k=256),
     dict(tile_m=96, tile_n=128, tile_k=256),
+    dict(tile_m=64, tile_n=192, tile_k=256),
 )
 
 
