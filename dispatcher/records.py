@@ -144,6 +144,9 @@ class VariantRecord:
         kernel of this one returns status -2 (unless the caller is strict).
     k_splits: KernelConfig -> how many K slices one output tile is summed
         from (split-K); what the performance model is told.
+    packs_a_once: its kernels pack all of A once per call where their
+        target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
+        not once per tile: the occupancy model counts A's packing so.
     operands: the problem kind as data (`dispatcher.kinds.Operand`s: a, b,
         out and any extra operands such as a bias); a variant that declares
         them runs through `dispatcher.run(variant, **operands, **params)`.
@@ -173,6 +176,7 @@ class VariantRecord:
     fallback: Optional[str] = None
     partial_sums: Callable[[Any], int] = lambda config: 1
     k_splits: Callable[[Any], int] = lambda config: 1
+    packs_a_once: bool = False
     description: str = ""
     provider: str = ""
     operands: tuple = ()

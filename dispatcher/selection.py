@@ -41,7 +41,7 @@ def estimate(problem, config, record) -> Estimate:
     found = target.model_estimate(problem, config, splits)
     if found is not None:
         return Estimate(config, found, target.model_name, 0)
-    return Estimate(config, estimated_cost(problem, config), OCCUPANCY, 1)
+    return Estimate(config, estimated_cost(problem, config, record), OCCUPANCY, 1)
 
 
 def rank(problem, candidates, record) -> list:
@@ -49,14 +49,16 @@ def rank(problem, candidates, record) -> list:
     return sorted((estimate(problem, c, record) for c in candidates), key=lambda e: e.key)
 
 
-def estimated_cost(problem, config) -> float:
+def estimated_cost(problem, config, record=None) -> float:
     """Relative time of `config` on `problem`: the waves of block tiles over
     the target's parallel workers, each costing the area it computes (the
     target's `computed_tile`: the whole tile, or on the cpu only the
     micro-tiles a problem smaller than the tile covers) plus the overhead of
     loading its A and B blocks, which makes small tiles slow. A
     B block a worker reuses for several tiles in a row (the target's
-    `panel_reuse`) costs its share once; all of it over the target's
+    `panel_reuse`) costs its share once, and so does an A block where the
+    variant packs A once (`record.packs_a_once`, the target's
+    `a_panel_reuse`); all of it over the target's
     `compute_rate` of the config (a faster instruction, e.g. the CPU's AMX
     against a fallback micro-kernel of the same spec)."""
     target = targets.get(config.target)
@@ -64,6 +66,7 @@ def estimated_cost(problem, config) -> float:
     tiles = problem.tile_count(config.tile_m, config.tile_n)
     waves = math.ceil(tiles / workers)
     reuse = target.panel_reuse(problem, config, workers)
+    a_reuse = target.a_panel_reuse(problem, config) if record is not None and record.packs_a_once else 1
     rows, columns = target.computed_tile(problem, config)
-    per_tile = rows * columns * (1.0 + 24.0 / columns + 24.0 / (rows * reuse))
+    per_tile = rows * columns + 24.0 * rows / a_reuse + 24.0 * columns / reuse
     return waves * per_tile / target.compute_rate(config)

@@ -253,6 +253,19 @@ class CpuTarget:
         return (max(1, min(config.tile_m, -(-m // o["micro_m"]) * o["micro_m"])),
                 max(1, min(config.tile_n, -(-n // o["micro_n"]) * o["micro_n"])))
 
+    def a_panel_reuse(self, problem, config) -> int:
+        """Tiles that share one packed A block where a variant's kernel packs
+        A once (`dcpu::SharedPackedA`): a tile row's column tiles, when
+        there are at least 3 and all of A packed takes at most 4 MiB."""
+        shapes = problem.shapes
+        if len(shapes) != 1:
+            return 1
+        m, n, k = shapes[0]
+        tiles_n = -(-n // config.tile_n)
+        packed = -(-m // config.tile_m) * config.tile_m * -(-k // config.tile_k) * config.tile_k \
+            * dtypes.get(config.dtype_a).itemsize
+        return tiles_n if tiles_n >= 3 and packed <= 4 << 20 else 1
+
     def panel_reuse(self, problem, config, workers: int) -> int:
         """Tiles that share one packed B panel: each thread runs a contiguous
         run of tiles, column by column, and packs a column's B panel once."""

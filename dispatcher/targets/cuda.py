@@ -215,6 +215,10 @@ class CudaTarget:
         """A CTA computes its whole tile, however little of it the problem covers."""
         return config.tile_m, config.tile_n
 
+    def a_panel_reuse(self, problem, config) -> int:
+        """1: every CTA loads the A block of its own tile."""
+        return 1
+
     def panel_reuse(self, problem, config, workers: int) -> int:
         """1: every CTA loads the A and B blocks of its own tile."""
         return 1

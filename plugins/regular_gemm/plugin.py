@@ -91,6 +91,7 @@ RECORD = VariantRecord(
     name_suffix=name_suffix,
     check=check,
     k_splits=lambda config: config.variant_params["splits"],
+    packs_a_once=True,  # templates/cpu.cpp: dcpu::SharedPackedA
     default_configs=default_configs,
     operands=(*gemm_operands(), BIAS),
     problem_options=epilogue_problem_options,
