@@ -205,23 +205,6 @@ def test_declared_kind_problems_have_a_tuning_key(tmp_path, rng):
     assert max_rel(out, np.stack([reference(a, b)] * 3)) <= 1e-5
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic", "neon", "avx512+bf16+vnni+amxbf16+amxint8"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
-def test_every_cpu_default_gets_a_micro_tile_that_divides_it_on_every_isa(isa, dtype):
-    """The defaults name block tiles only; each gets a micro-tile of the
-    config's ISA that divides it (the ISA's own where it does), so none is
-    lost on a machine whose default micro-tile does not divide it (64x192:
-    12x32 on avx512, 6x16 on avx2, 12x8 on neon)."""
-    from dispatcher import targets
-    from dispatcher.config import KernelConfig
-    from plugins.regular_gemm.plugin import CPU_DEFAULTS
-    cpu = targets.get("cpu")
-    for fields in CPU_DEFAULTS:
-        config = KernelConfig.create(variant="regular", target="cpu", dtype=dtype, layout="rcr", isa=isa, **fields)
-        fitted = cpu.fit_sweep([config], tuple(fields))[0]
-        assert cpu.build_problem(fitted) is None, (fields, fitted.name)
-
-
 def test_the_occupancy_model_counts_the_rows_a_skinny_problem_computes(rng):
     """On the cpu a tile larger than the problem computes only the
     micro-tiles that cover it: for M = 16 an 8-row micro-tile wastes no
