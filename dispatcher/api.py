@@ -129,6 +129,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
                          _autotuning(autotune) if config is None else False)
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
     if remember is not None and session.in_place and plan.runner(remember[1], core) is not None:
+        if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
+            _RUNNERS.clear()
         _RUNNERS[remember[0]] = (plan, remember[1], core, dispatcher)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
@@ -314,6 +316,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
 # the plan's runner for that order and those scalars runs the call, so
 # that such a call costs a key, a lookup and the runner.
 _RUNNERS: dict = {}
+RUNNERS_KEPT = 4096  # entries before the memo starts again (each keeps its plan and dispatcher alive)
 
 
 def _runner(key):

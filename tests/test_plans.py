@@ -378,3 +378,17 @@ def test_plain_call_keys_never_skip_a_check_the_general_path_makes(rng):
         dispatcher.run(["regular"], a=a, b=b)
     with pytest.raises(dispatcher.DispatcherError):
         dispatcher.gemm((9, 7), b)
+
+
+def test_the_memo_of_calls_is_bounded(rng, monkeypatch):
+    """Each entry keeps its plan (and a dispatcher given to the call) alive,
+    so the memo starts again past `RUNNERS_KEPT` entries instead of growing
+    with every shape and dispatcher a program ever used; calls stay right."""
+    from dispatcher import api
+    monkeypatch.setattr(api, "_RUNNERS", {})
+    monkeypatch.setattr(api, "RUNNERS_KEPT", 2)
+    for m in (5, 6, 7, 8):
+        a, b = random_matrix(m, 9, "fp32", "r", rng), random_matrix(9, 4, "fp32", "r", rng)
+        for _ in range(2):
+            assert max_rel(dispatcher.gemm(a, b, dispatcher=Dispatcher()), reference(a, b)) <= 1e-5
+        assert 1 <= len(api._RUNNERS) <= 2
