@@ -211,7 +211,7 @@ def test_the_occupancy_model_counts_the_rows_a_skinny_problem_computes(rng):
     row and a 12-row one 8 of 24, so the skinny default (64x192, 8-row
     micro-tile on avx512) ranks first, where counting whole tiles ranked
     48x512 first (0.88x OpenBLAS against 1.19x for 64x192 on a 2-core
-    Xeon: benchmarks/results/cpu_gemm_spr_2core_skinny.json)."""
+    Xeon: benchmarks/results/cpu_gemm_spr_2core_fp32_skinny.json)."""
     from dispatcher import targets
     from dispatcher.selection import estimated_cost
     d = Dispatcher(tuning=None)
