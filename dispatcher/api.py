@@ -128,10 +128,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
                          out_dtype, target, core[1] != 0, config, resolved, bool(strict),
                          _autotuning(autotune) if config is None else False)
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
-    if remember is not None and session.in_place and plan.runner(remember[1], core) is not None:
-        if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
-            _RUNNERS.clear()
-        _RUNNERS[remember[0]] = (plan, remember[1], core, dispatcher)
+    if remember is not None and session.in_place:
+        _remember(remember[0], plan, remember[1], core, dispatcher)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
     return session.finish(result, host_out)
@@ -317,6 +315,15 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
 # that such a call costs a key, a lookup and the runner.
 _RUNNERS: dict = {}
 RUNNERS_KEPT = 4096  # entries before the memo starts again (each keeps its plan and dispatcher alive)
+
+
+def _remember(key, plan, order: tuple, scalars: tuple, dispatcher):
+    """After a call of `key` went the general way on the caller's own
+    arrays: its plan's runner serves the next ones, where the plan has one."""
+    if plan.runner(order, scalars) is not None:
+        if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
+            _RUNNERS.clear()
+        _RUNNERS[key] = (plan, order, scalars, dispatcher)
 
 
 def _runner(key):
@@ -512,6 +519,17 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", confi
     token count rounded up to a power of two), not on the routing, and so
     does `autotune` (as for `gemm`).
     """
+    key = None
+    if config is None and options is None and type(alpha) is float:  # the other arguments only decide its plan
+        key = _operands_key(a, b, offsets)
+        if key is not None:
+            key = ("grouped_mm", variant, out_dtype, alpha, target, autotune, id(dispatcher), key)
+    try:
+        runner = _runner(key)
+    except TypeError:  # an unhashable argument: the general path says what is wrong with it
+        runner = key = None
+    if runner is not None:
+        return runner(a, b, offsets)
     check_arrays([("a", a), ("b", b), ("offsets", offsets)])
     record = _variant(dispatcher, variant, "grouped")
     if options is not None:
@@ -532,4 +550,6 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", confi
             plan = plans.planned_grouped(d, layout, config, _launch_options(record, options, session.stream),
                                          _autotuning(autotune) if config is None else False)
             plan.launch(operands)
+            if key is not None and session.in_place:
+                _remember(key, plan, ("a", "b", "offsets"), (operands.alpha,), dispatcher)
     return session.finish(result)

@@ -26,8 +26,8 @@ import numpy as np
 
 from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
-from .library import GemmArgs, bound_gemm_args, data_pointer, gemm_args
-from .problem import ArraySpec, _integer_output_scalars
+from .library import GemmArgs, GroupedMmArgs, bound_gemm_args, data_pointer, gemm_args, grouped_mm_args
+from .problem import ArraySpec, StackedOperands, _integer_output_scalars, check_offsets
 from .workspace import WORKSPACES
 
 
@@ -104,6 +104,16 @@ class _Launches:
     def __repr__(self):
         return f"{type(self).__name__}({self.problem}, kernel={self.chosen[0].name if self.chosen else None})"
 
+    def current(self, dispatcher=None) -> bool:
+        """Whether the plan still binds what the hook chain of `dispatcher`
+        (None: the default dispatcher) would choose: no plugin registered
+        since, no manager reset."""
+        d = self.dispatcher
+        if dispatcher is not None:
+            return d is dispatcher and self.generation == d.manager.generation
+        return d is dispatch._DEFAULT and self.generation == d.manager.generation and \
+            d.manager is plugins._MANAGER
+
     def launch(self, block):
         if self.chosen is None or self.generation != self.dispatcher.manager.generation:
             self._choose(block)
@@ -131,6 +141,50 @@ class GroupedPlan(_Launches):
     def __init__(self, dispatcher, layout, config, options, strict=False, autotune=False):
         super().__init__(dispatcher, layout.problem, config, options, strict, autotune)
         self.layout = layout
+        self._direct = None  # (entry point, argument template, library) of a stacked launch
+        self.runners = {}  # `runner`'s functions by operand order and scalars, for the kernel bound now
+
+    def _choose(self, block):
+        """The first launch (see `_Launches`), then, for a stacked call whose
+        launch says how (`direct_grouped_mm`), the kernel's entry point and
+        the argument block each call copies."""
+        super()._choose(block)
+        self.runners = {}  # they bound the kernel chosen before
+        config, library, launch = self.chosen
+        direct = getattr(launch, "direct_grouped_mm", None)
+        if direct is not None and isinstance(block, StackedOperands):
+            self._direct = (direct(library), grouped_mm_args(block, stream=self.options.get("stream", 0)), library)
+
+    def runner(self, order: tuple, scalars: tuple):
+        """A stacked call's runner (see `Plan.runner`): a function of (a, b,
+        offsets) in `order` that checks host offsets, allocates the result,
+        points a copy of the argument block at the arrays and calls the
+        entry point, with alpha = scalars[0]; None until the first launch
+        bound a kernel whose launch allows it."""
+        found = self.runners.get((order, scalars))
+        if found is not None:
+            return found
+        if self._direct is None or order != ("a", "b", "offsets"):
+            return None
+        entry, template, library = self._direct
+        stream, alpha, layout = self.options.get("stream", 0), scalars[0], self.layout
+        shape = (layout.total_m, max(layout.problem.n, 0))
+
+        def run(a, b, offsets):
+            if type(offsets) is np.ndarray:
+                check_offsets(offsets, layout.total_m)
+            result = new_result(a, shape, layout.dst)
+            pointer = data_pointer if type(result) is np.ndarray else _tensor_pointer
+            args = GroupedMmArgs.from_buffer_copy(template)
+            args.a, args.b, args.c, args.offsets = pointer(a), pointer(b), pointer(result), pointer(offsets)
+            args.alpha = alpha
+            WORKSPACES.attach(library, args, stream)  # asked each call: staging depends on the addresses
+            status = entry(args)
+            if status:
+                library.check(status)
+            return result
+        self.runners[order, scalars] = run
+        return run
 
 
 def planned_grouped(dispatcher, layout, config=None, options=None, autotune=False) -> GroupedPlan:
@@ -157,17 +211,6 @@ class Plan(_Launches):
         self._direct = None  # (entry point, argument template, library, workspace bytes) of a standard GEMM launch
         self.runners = {}  # `runner`'s functions of plain calls by operand order, while the kernel they bind is the plan's
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
-        self._result_torch_dtype = None  # the result's torch dtype, once a call on torch tensors asks
-
-    def current(self, dispatcher=None) -> bool:
-        """Whether the plan still binds what the hook chain of `dispatcher`
-        (None: the default dispatcher) would choose: no plugin registered
-        since, no manager reset."""
-        d = self.dispatcher
-        if dispatcher is not None:
-            return d is dispatcher and self.generation == d.manager.generation
-        return d is dispatch._DEFAULT and self.generation == d.manager.generation and \
-            d.manager is plugins._MANAGER
 
     def _runs_direct(self) -> bool:
         """Whether a runner may run the plan's calls: one launch, nothing
@@ -177,15 +220,8 @@ class Plan(_Launches):
                 and layout.c is None and not layout.staged)
 
     def _new_result(self, like):
-        """A new row-major result of the kind `like` is: a numpy array, or a
-        torch tensor on its device (the torch dtype looked up once)."""
-        layout = self.layout
-        if type(like) is np.ndarray:
-            return np.empty(layout.result_shape, layout.result_dtype)
-        if self._result_torch_dtype is None:
-            from .targets.cuda_memory import torch_types
-            self._result_torch_dtype = torch_types()[1][np.dtype(layout.result_dtype)]
-        return like.new_empty(layout.result_shape, dtype=self._result_torch_dtype)
+        """A new row-major result of the kind `like` is (`new_result`)."""
+        return new_result(like, self.layout.result_shape, self.layout.result_dtype)
 
     def runner(self, order: tuple, scalars: tuple = DEFAULT_SCALARS):
         """The plan's calls on arrays passed in `order` (operand names; the
@@ -358,6 +394,15 @@ class Plan(_Launches):
         plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
                        self.target.name, False, None, self.options)
         plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
+
+
+def new_result(like, shape, dtype):
+    """A new row-major array of the kind `like` is: a numpy array, or a torch
+    tensor on its device."""
+    if type(like) is np.ndarray:
+        return np.empty(shape, dtype)
+    from .targets.cuda_memory import torch_types
+    return like.new_empty(shape, dtype=torch_types()[1][np.dtype(dtype)])
 
 
 def _span(spec) -> int:

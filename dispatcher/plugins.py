@@ -158,7 +158,9 @@ def _with_its_arguments(impl):
     implementation may declare only some of them (pluggy passes it those)."""
     names = tuple(impl.argnames)
     call = lambda **arguments: impl.function(**{name: arguments[name] for name in names})
-    call.direct_gemm = getattr(impl.function, "direct_gemm", None)  # see plugin_api.launches_gemm
+    # entry points a plan may call itself (plugin_api.launches_gemm, plugins/grouped_gemm)
+    call.direct_gemm = getattr(impl.function, "direct_gemm", None)
+    call.direct_grouped_mm = getattr(impl.function, "direct_grouped_mm", None)
     return call
 
 

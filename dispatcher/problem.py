@@ -458,7 +458,7 @@ def stacked_operands(layout: StackedLayout, a, b, offsets, alpha: float, allocat
     alpha = _scalar("alpha", alpha)
     _integer_output_scalars(layout.dst, alpha=alpha)
     if isinstance(offsets, np.ndarray):
-        _check_offsets(offsets, layout.total_m)
+        check_offsets(offsets, layout.total_m)
     n = layout.problem.n
     result = allocate((layout.total_m, n), layout.dst)
     return StackedOperands(a, b, offsets, result, layout.lda, layout.ldb, layout.stride_b, max(n, 1),
@@ -477,9 +477,12 @@ def prepare_grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, variant="gro
     return layout.problem, operands, result
 
 
-def _check_offsets(offsets: np.ndarray, total_m: int):
-    """Host offsets: non-decreasing, from 0 up to at most total_M."""
+def check_offsets(offsets: np.ndarray, total_m: int):
+    """Host offsets: non-decreasing, from 0 up to at most total_M (each
+    call's: a quick test of the common, valid case first)."""
     if not offsets.size:
+        return
+    if offsets[0] >= 0 and offsets[-1] <= total_m and (offsets.size == 1 or not (offsets[1:] < offsets[:-1]).any()):
         return
     steps = np.diff(offsets, prepend=np.int32(0))
     bad = np.flatnonzero(steps < 0)

@@ -9,6 +9,7 @@ import dispatcher
 from dispatcher import dtypes, errors
 from dispatcher.library import grouped_mm_args
 from dispatcher.problem import prepare_grouped_mm
+from dispatcher.errors import ProblemError
 from dispatcher.verify import max_rel, poison, random_matrix
 
 from conftest import parity_grid  # noqa: E402
@@ -133,3 +134,33 @@ def test_bad_arguments(call, error, match, rng):
     a, b, offsets = experts([3, 4, 5], 16, 8, "fp32", rng)
     with pytest.raises(error, match=match):
         call(a, b, offsets)
+
+
+def test_repeated_calls_take_their_plans_runner_and_still_check_offsets(rng, monkeypatch):
+    """From the second call on, a stacked call goes straight to its plan's
+    runner (counted): every row of the poisoned result is written (rows past
+    offsets[-1] as zeros), new offsets are honoured, and bad host offsets
+    are still refused, exactly at their limits."""
+    from dispatcher import api
+    a = random_matrix(40, 24, "fp32", "r", rng)
+    b = rng.standard_normal((3, 24, 16)).astype(np.float32)
+    dispatcher.grouped_mm(a, b, np.array([10, 10, 30], np.int32))
+    entry = next(v for v in api._RUNNERS.values() if v[1] == ("a", "b", "offsets") and v[0].layout.total_m == 40)
+    runner, ran = entry[0].runner(entry[1], entry[2]), []
+    monkeypatch.setitem(entry[0].runners, entry[1:3], lambda *x: ran.append(1) or runner(*x))
+    from dispatcher import plans
+    monkeypatch.setattr(plans, "new_result", lambda *x: poison(np.empty(x[1], x[2])))
+    for ends in ([5, 20, 40], [0, 0, 33], [40, 40, 40]):
+        offsets = np.array(ends, np.int32)
+        got = dispatcher.grouped_mm(a, b, offsets)
+        want = np.zeros((40, 16))
+        for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+            want[start:end] = a[start:end].astype(np.float64) @ b[g]
+        assert max_rel(got, want) <= 1e-5, ends
+    assert len(ran) == 3
+    with pytest.raises(ProblemError, match="exceeds a's 40 rows"):
+        dispatcher.grouped_mm(a, b, np.array([5, 20, 41], np.int32))
+    with pytest.raises(ProblemError, match="non-decreasing"):
+        dispatcher.grouped_mm(a, b, np.array([5, 4, 40], np.int32))
+    with pytest.raises(ProblemError, match="non-decreasing"):
+        dispatcher.grouped_mm(a, b, np.array([-1, 4, 40], np.int32))

@@ -77,3 +77,9 @@ def dispatcher_launch(library, problem, operands, options):
         WORKSPACES.attach(library, call.args, stream)
         library.run_grouped(call.args)  # direct call: no registry table
     return LaunchResult(library.name)
+
+
+# A plan that binds this launch may call the stacked form's entry point
+# itself with a copy of the same argument block and the workspace it asks
+# for (`dispatcher.plans.GroupedPlan.runner`): it does nothing else.
+dispatcher_launch.direct_grouped_mm = lambda library: library.require("dispatcher_run_grouped_mm")
