@@ -179,9 +179,7 @@ class GroupedPlan(_Launches):
             args.a, args.b, args.c, args.offsets = pointer(a), pointer(b), pointer(result), pointer(offsets)
             args.alpha = alpha
             WORKSPACES.attach(library, args, stream)  # asked each call: staging depends on the addresses
-            status = entry(args)
-            if status:
-                library.check(status)
+            _enter(entry, library, args)
             return result
         self.runners[order, scalars] = run
         return run
@@ -281,9 +279,7 @@ class Plan(_Launches):
                 args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
             if nbytes:
                 WORKSPACES.attach(library, args, stream, nbytes)
-            status = entry(args)
-            if status:
-                library.check(status)
+            _enter(entry, library, args)
             return result
         self.runners[order, scalars] = run
         return run
@@ -394,6 +390,14 @@ class Plan(_Launches):
         plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
                        self.target.name, False, None, self.options)
         plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
+
+
+def _enter(entry, library, args):
+    """Call a kernel's entry point with an argument block; a nonzero status
+    becomes the library's exception."""
+    status = entry(args)
+    if status:
+        library.check(status)
 
 
 def new_result(like, shape, dtype):
