@@ -110,7 +110,10 @@ def _plain(tensors) -> bool:
     if torch.compiler.is_compiling() or _dispatch_mode() is not None or _function_mode() or \
             _transform() is not None:
         return False
-    return all(t is None or (type(t) in _PLAIN and (t.is_cuda or t.is_cpu)) for t in tensors)
+    for t in tensors:  # a loop, not all(...): this runs on every call
+        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu)):
+            return False
+    return True
 
 
 def config_key(config) -> Optional[str]:

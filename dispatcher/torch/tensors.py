@@ -74,6 +74,15 @@ def device_of(*tensors) -> torch.device:
 
 def target_of(*tensors) -> str:
     """The target that runs on these tensors' device: "cpu" or "cuda"."""
+    first = tensors[0]
+    cuda = first is not None and first.is_cuda
+    if cuda or (first is not None and first.is_cpu):  # the common case, without building device objects
+        index = first.get_device()
+        for t in tensors:
+            if t is not None and not ((t.is_cuda and t.get_device() == index) if cuda else t.is_cpu):
+                break
+        else:
+            return "cuda" if cuda else "cpu"
     device = device_of(*tensors)
     if device.type not in ("cpu", "cuda"):
         raise ProblemError(f"tensors on {device.type!r} are not supported; "
