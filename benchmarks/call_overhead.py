@@ -102,8 +102,13 @@ def cpu_call(args) -> dict:
     rng = np.random.default_rng(0)
     a, b = rng.random((16, 16), np.float32), rng.random((16, 16), np.float32)
     held = dispatcher.plan("regular", a=a, b=b)
+    out = np.empty((16, 16), np.float32)
+    experts = rng.random((4, 16, 16), np.float32)
+    offsets = np.array([4, 8, 12, 16], np.int32)
     fns = {"numpy": lambda: a @ b, "dispatcher.gemm": lambda: dispatcher.gemm(a, b),
-           "dispatcher.matmul": lambda: dispatcher.matmul(a, b), "held plan": lambda: held(a, b)}
+           "dispatcher.matmul": lambda: dispatcher.matmul(a, b), "held plan": lambda: held(a, b),
+           "dispatcher.gemm out target": lambda: dispatcher.gemm(a, b, out=out, target="cpu"),
+           "dispatcher.grouped_mm (4 experts)": lambda: dispatcher.grouped_mm(a, experts, offsets)}
     us = {name: per_call(fn, args.calls, args.repeat) for name, fn in fns.items()}
     print("cpu 16^3 fp32, us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
     return {"shape": [16, 16, 16], "us_per_call": us,
