@@ -280,7 +280,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
             and beta == 0.0:  # a call whose other arguments only decide its plan: they are in its key
         key = _operands_key(a, b) if out is None else _operands_key(a, b, out)
         if key is not None:
-            key = ("gemm", alpha, out_dtype, variant, target, strict, autotune, id(dispatcher), key)
+            key = ("gemm", _exact(alpha), out_dtype, variant, target, strict, autotune, id(dispatcher), key)
     else:
         key = None
     if key is not None and not a.ndim == b.ndim == 2:  # matmul's batched pairs are not gemm's
@@ -324,6 +324,12 @@ def _remember(key, plan, order: tuple, scalars: tuple, dispatcher):
         if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
             _RUNNERS.clear()
         _RUNNERS[key] = (plan, order, scalars, dispatcher)
+
+
+def _exact(x: float):
+    """A float as a part of a key: -0.0 apart from 0.0 (equal as keys, not as
+    alphas: the sign of zero results), and NaN equal to NaN."""
+    return x if x and x == x else repr(x)
 
 
 def _runner(key):
@@ -414,8 +420,10 @@ def _plain_run_key(variant: str, arguments: dict):
         return None
     order, values = [], []
     for name, x in arguments.items():
-        if type(x) is str or x is None or type(x) is float:
+        if type(x) is str or x is None:
             values.append((name, x))
+        elif type(x) is float:
+            values.append((name, _exact(x)))
         else:
             order.append(name)
     if not order:
@@ -523,7 +531,7 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", confi
     if config is None and options is None and type(alpha) is float:  # the other arguments only decide its plan
         key = _operands_key(a, b, offsets)
         if key is not None:
-            key = ("grouped_mm", variant, out_dtype, alpha, target, autotune, id(dispatcher), key)
+            key = ("grouped_mm", variant, out_dtype, _exact(alpha), target, autotune, id(dispatcher), key)
     try:
         runner = _runner(key)
     except TypeError:  # an unhashable argument: the general path says what is wrong with it

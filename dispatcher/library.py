@@ -197,6 +197,10 @@ class Library:
     def run_grouped_mm(self, args: GroupedMmArgs) -> int:
         return self.check(self.require("dispatcher_run_grouped_mm")(ctypes.byref(args)))
 
+    def asks_workspace(self, kind) -> bool:
+        """Whether the library exports a workspace query for argument blocks of type `kind`."""
+        return self._SIZE_QUERIES[kind] in self.symbols
+
     def workspace_size(self, args) -> int:
         """Scratch bytes the kernel needs for these arguments (0 if it exports no query)."""
         fn = self._SIZE_QUERIES[type(args)]

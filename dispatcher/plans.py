@@ -149,7 +149,7 @@ class GroupedPlan(_Launches):
         launch says how (`direct_grouped_mm`), the kernel's entry point and
         the argument block each call copies."""
         super()._choose(block)
-        self.runners = {}  # they bound the kernel chosen before
+        self.runners, self._direct = {}, None  # they bound the kernel chosen before
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_grouped_mm", None)
         if direct is not None and isinstance(block, StackedOperands):
@@ -161,7 +161,7 @@ class GroupedPlan(_Launches):
         points a copy of the argument block at the arrays and calls the
         entry point, with alpha = scalars[0]; None until the first launch
         bound a kernel whose launch allows it."""
-        found = self.runners.get((order, scalars))
+        found = self.runners.get(_runner_key(order, scalars))
         if found is not None:
             return found
         if self._direct is None or order != ("a", "b", "offsets"):
@@ -181,7 +181,7 @@ class GroupedPlan(_Launches):
             WORKSPACES.attach(library, args, stream)  # asked each call: staging depends on the addresses
             _enter(entry, library, args)
             return result
-        self.runners[order, scalars] = run
+        self.runners[_runner_key(order, scalars)] = run
         return run
 
 
@@ -206,8 +206,10 @@ class Plan(_Launches):
         self.record, self.layout = record, layout
         self.target, self.specs = targets.get(target), specs
         self.names = kinds.role_names(record)
-        self._direct = None  # (entry point, argument template, library, workspace bytes) of a standard GEMM launch
-        self.runners = {}  # `runner`'s functions of plain calls by operand order, while the kernel they bind is the plan's
+        # (entry point, argument template, library, workspace bytes, or None: asked each call) of a
+        # standard GEMM launch
+        self._direct = None
+        self.runners = {}  # `runner`'s functions by operand order and scalars, while the kernel they bind is the plan's
         self.alignment = ()   # the alignment class of its signature (`_alignment`)
 
     def _runs_direct(self) -> bool:
@@ -234,17 +236,18 @@ class Plan(_Launches):
         to the kernel (yet: a plan's first call binds it). Made once per
         order and scalars and bound kernel: a plan that chooses again (after
         a plugin registration) drops them."""
-        found = self.runners.get((order, scalars))
+        found = self.runners.get(_runner_key(order, scalars))
         if found is not None:
             return found
         if not self._runs_direct() or self.layout.integer_output or self.record.params or scalars[1] != 0:
             return None
         slots, out = self._slots, self.names.get("out")
         inputs = [name for name in slots if name is not None]
-        if (out in order) != (dict(self.specs).get(out) is not None) or slots[2] is not None or None in slots[:2] + slots[3:] or \
-                sorted(inputs + ([out] if out in order else [])) != sorted(order):
+        given = inputs + ([out] if out in order else [])
+        if (out in order) != (dict(self.specs).get(out) is not None) or slots[2] is not None \
+                or None in slots[:2] + slots[3:] or sorted(given) != sorted(order):
             return None
-        entry, template, library, nbytes = self._direct
+        entry, template, library, workspace = self._direct
         template = bound_gemm_args(template, (0,) * len(slots), scalars, ())
         ia, ib = order.index(slots[0]), order.index(slots[1])
         extras = tuple(order.index(name) for name in slots[3:])  # where the extra operands are in a call
@@ -277,11 +280,13 @@ class Plan(_Launches):
             else:  # the commonest call, (a, b): only the three pointers
                 args = GemmArgs.from_buffer_copy(template)
                 args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
-            if nbytes:
-                WORKSPACES.attach(library, args, stream, nbytes)
+            if workspace is None:  # its size asked each call (`_workspace_of`)
+                WORKSPACES.attach(library, args, stream)
+            elif workspace:
+                WORKSPACES.attach(library, args, stream, workspace)
             _enter(entry, library, args)
             return result
-        self.runners[order, scalars] = run
+        self.runners[_runner_key(order, scalars)] = run
         return run
 
     def matches(self, arrays: dict) -> bool:
@@ -338,10 +343,12 @@ class Plan(_Launches):
         the bound hook implementation."""
         direct = self._direct
         if direct is not None and self.generation == self.dispatcher.manager.generation:
-            entry, template, library, nbytes = direct
+            entry, template, library, workspace = direct
             args = bound_gemm_args(template, self._pointers(arrays, result), core, params)
-            if nbytes:
-                WORKSPACES.attach(library, args, self.options.get("stream", 0), nbytes)
+            if workspace is None:
+                WORKSPACES.attach(library, args, self.options.get("stream", 0))
+            elif workspace:
+                WORKSPACES.attach(library, args, self.options.get("stream", 0), workspace)
             library.check(entry(args))
             return
         for block in kinds.bind(self.layout, self._pointers(arrays, result), core, params):
@@ -355,13 +362,13 @@ class Plan(_Launches):
         options and the alignment class, which decides what a CUDA kernel
         stages)."""
         super()._choose(block)
-        self.runners = {}  # they bound the kernel chosen before
+        self.runners, self._direct = {}, None  # they bound the kernel chosen before
         config, library, launch = self.chosen
         direct = getattr(launch, "direct_gemm", None)
         if direct is not None and not self.layout.outer_dims:
             template = gemm_args(block, workers=self.options.get("workers", 0),
                                  stream=self.options.get("stream", 0))
-            self._direct = (direct(library), template, library, library.workspace_size(template))
+            self._direct = (direct(library), template, library, _workspace_of(library, template, self.target))
         out = self.names.get("out")
         self._slots = tuple(None if name == out else name for name in self.layout.names)  # None: the result
 
@@ -390,6 +397,22 @@ class Plan(_Launches):
         plan = planned(self.dispatcher, record, zeros, (), self.layout.problem.out_dtype,
                        self.target.name, False, None, self.options)
         plan(zeros, (0.0, beta, 1.0, 1.0), (), memory, allocate, stream)
+
+
+def _workspace_of(library, template, target):
+    """The workspace bytes a plan's launches ask for, or None where the
+    target's kernels size it at each call (`workspace_per_call`: a CPU
+    stream-K kernel's follows the OpenMP thread count, which can change
+    between calls) and the library asks for one."""
+    if target.workspace_per_call and library.asks_workspace(type(template)):
+        return None
+    return library.workspace_size(template)
+
+
+def _runner_key(order: tuple, scalars: tuple) -> tuple:
+    """A plan's memo key of its runners: 0.0 and -0.0 are one dict key, so
+    a zero alpha's sign is added (it decides the sign of zero results)."""
+    return (order, scalars) if scalars[0] else (order, scalars, repr(scalars[0]))
 
 
 def _enter(entry, library, args):

@@ -393,3 +393,46 @@ def test_the_memo_of_calls_is_bounded(rng, monkeypatch):
         for _ in range(2):
             assert max_rel(dispatcher.gemm(a, b, dispatcher=Dispatcher()), reference(a, b)) <= 1e-5
         assert 1 <= len(api._RUNNERS) <= 2
+
+
+def test_a_plan_chosen_again_under_a_launch_wrapper_stops_calling_the_kernel_itself(rng):
+    """A held plan shared with plain calls chooses again after a plugin
+    registration; when the launch it binds then names no entry point (a
+    wrapper that must see every launch), neither it nor the plain calls
+    keep calling the old entry point behind the wrapper's back."""
+    from dispatcher.hookspecs import hookimpl
+    from dispatcher.plugins import get_manager
+    seen = []
+
+    class Tracer:
+        @hookimpl(wrapper=True)
+        def dispatcher_launch(self, library, problem, operands, options):
+            seen.append(problem.variant)
+            return (yield)
+    a, b = random_matrix(23, 17, "fp32", "r", rng), random_matrix(17, 19, "fp32", "r", rng)
+    for _ in range(2):
+        dispatcher.gemm(a, b)
+    held = dispatcher.plan("regular", a=a, b=b)
+    held(a, b)
+    manager = get_manager()
+    manager.register(Tracer(), name="tracer-test-plugin")
+    try:
+        assert max_rel(held(a, b), reference(a, b)) <= 1e-5
+        before = len(seen)
+        for _ in range(3):
+            assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5
+        assert before >= 1 and len(seen) - before == 3
+    finally:
+        manager.unregister(name="tracer-test-plugin")
+
+
+def test_a_zero_alphas_sign_is_part_of_the_calls_key(rng):
+    """0.0 and -0.0 are equal as dict keys but not as alphas (the sign of
+    zero results): each call form keeps them apart, as numpy does."""
+    a, b = random_matrix(16, 8, "fp32", "r", rng), random_matrix(8, 12, "fp32", "r", rng)
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        for call in (lambda alpha: dispatcher.gemm(a, b, alpha=alpha),
+                     lambda alpha: dispatcher.run("regular", a=a, b=b, alpha=alpha)):
+            for alpha in (first, first, second, second):
+                got = call(alpha)
+                assert np.array_equal(np.signbit(got), np.signbit(alpha * (a @ b))), (first, alpha)

@@ -147,3 +147,24 @@ def test_repeated_calls_through_a_plans_runner_start_from_a_zeroed_workspace(red
         assert held(a2, b, out=out) is out and max_rel(out, reference(a2, b)) <= 1e-5
         assert max_rel(dispatcher.gemm(a2, b, variant="stream_k"), reference(a2, b)) <= 1e-5
     assert held.plan.runners and held.plan.record.name == "stream_k"
+
+
+def test_a_plans_calls_follow_a_change_of_the_openmp_thread_count(rng):
+    """A CPU stream-K kernel sizes its workspace by the OpenMP thread count
+    of each call, which a program may change between calls
+    (omp_set_num_threads, threadpoolctl): a warm plan asks the size again
+    instead of keeping its first call's."""
+    import ctypes
+    gomp = ctypes.CDLL("libgomp.so.1")
+    a, b = random_matrix(200, 300, "fp32", "r", rng), random_matrix(300, 160, "fp32", "r", rng)
+    dispatcher.gemm(a, b, variant="stream_k")  # loads the kernel (and libgomp)
+    threads = gomp.omp_get_max_threads()
+    try:
+        gomp.omp_set_num_threads(1)
+        for _ in range(2):
+            assert max_rel(dispatcher.gemm(a, b, variant="stream_k"), reference(a, b)) <= 1e-5
+        gomp.omp_set_num_threads(max(threads, 2) * 2)
+        for _ in range(2):
+            assert max_rel(dispatcher.gemm(a, b, variant="stream_k"), reference(a, b)) <= 1e-5
+    finally:
+        gomp.omp_set_num_threads(threads)

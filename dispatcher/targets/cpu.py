@@ -142,6 +142,7 @@ class CpuTarget:
     name: str = "cpu"
     pads = False  # its kernels read operands at any alignment
     zeroes_workspace = True  # its stream-K kernels add partials into a zeroed workspace
+    workspace_per_call = True  # ...sized by the OpenMP thread count of each call (plans ask each call)
     options: tuple = (
         Option("isa", lambda block: cpu_isa.active().name,
                "instruction set and extensions, e.g. avx512+bf16 (default: $DISPATCHER_CPU_ISA, "
@@ -248,8 +249,8 @@ class CpuTarget:
         problem runs only the micro-tiles that cover it (a 64-row tile of
         an M = 16 problem computes 16 rows with an 8-row micro-tile, 24
         with a 12-row one; a grouped problem's largest group decides)."""
-        o, shapes = config.target_params, problem.shapes
-        m, n = max((s[0] for s in shapes), default=0), max((s[1] for s in shapes), default=0)
+        o = config.target_params
+        m, n = _largest_group(problem)
         return (max(1, min(config.tile_m, -(-m // o["micro_m"]) * o["micro_m"])),
                 max(1, min(config.tile_n, -(-n // o["micro_n"]) * o["micro_n"])))
 
@@ -257,10 +258,9 @@ class CpuTarget:
         """Tiles that share one packed A block where a variant's kernel packs
         A once (`dcpu::SharedPackedA`): a tile row's column tiles, when
         there are at least 3 and all of A packed takes at most 4 MiB."""
-        shapes = problem.shapes
-        if len(shapes) != 1:
-            return 1
-        m, n, k = shapes[0]
+        if not hasattr(problem, "m") or getattr(problem, "batch", 1) != 1:
+            return 1  # one GEMM's A only
+        m, n, k = problem.m, problem.n, problem.k
         tiles_n = -(-n // config.tile_n)
         packed = -(-m // config.tile_m) * config.tile_m * -(-k // config.tile_k) * config.tile_k \
             * dtypes.get(config.dtype_a).itemsize
@@ -341,6 +341,15 @@ class CpuTarget:
         return f"{cpu_count()} threads, ISA {spec.name} ({spec.isa.vector_bytes * 8}-bit vectors)"
 
 
+def _largest_group(problem) -> tuple:
+    """(M, N) of a problem's largest group: its own for one GEMM or a batch of
+    equal ones (without listing a batch's copies), the largest of a grouped one."""
+    if hasattr(problem, "m"):
+        return problem.m, problem.n
+    shapes = problem.shapes
+    return max((s[0] for s in shapes), default=0), max((s[1] for s in shapes), default=0)
+
+
 def micro_tile_for(isa, tiles_m, tiles_n) -> tuple | None:
     """The (micro_m, micro_n) of ISA spec `isa` that every block tile in `tiles_m`
     x `tiles_n` is a whole multiple of, or None if no valid one is.
@@ -350,7 +359,13 @@ def micro_tile_for(isa, tiles_m, tiles_n) -> tuple | None:
     another tool's power-of-two tiles). The default wins when it divides;
     otherwise the one with the most accumulator elements, then the one whose
     width is nearest the default's (the shape the ISA's kernel is tuned for).
+    Remembered: selection asks it for every default config of a new problem.
     """
+    return _micro_tile_for(isa, tuple(tiles_m), tuple(tiles_n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _micro_tile_for(isa, tiles_m: tuple, tiles_n: tuple) -> tuple | None:
     def divides(mm, mn):
         return all(t % mm == 0 for t in tiles_m) and all(t % mn == 0 for t in tiles_n)
 

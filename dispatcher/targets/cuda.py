@@ -120,6 +120,7 @@ class CudaTarget:
     # No memset before a launch: CUTLASS's initialize_workspace clears what its
     # schedulers need, and the staged copies and tree partials are written whole.
     zeroes_workspace = False
+    workspace_per_call = False  # a kernel's workspace follows the plan's shapes and alignment class
     options: tuple = (
         Option("cluster_m", 2, "thread-block cluster extent along M", choices=(1, 2, 4)),
         Option("cluster_n", 1, "thread-block cluster extent along N", choices=(1, 2, 4)),
