@@ -428,8 +428,14 @@ def new_result(like, shape, dtype):
     tensor on its device."""
     if type(like) is np.ndarray:
         return np.empty(shape, dtype)
-    from .targets.cuda_memory import torch_types
-    return like.new_empty(shape, dtype=torch_types()[1][np.dtype(dtype)])
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        from .targets.cuda_memory import torch_types
+        found = _TORCH_DTYPES[dtype] = torch_types()[1][np.dtype(dtype)]
+    return like.new_empty(shape, dtype=found)
+
+
+_TORCH_DTYPES: dict = {}  # a result's numpy dtype -> its torch dtype, once a call on tensors asks
 
 
 def _span(spec) -> int:
