@@ -202,7 +202,6 @@ class HeldPlan:
     def __init__(self, made, record, target: str, params: dict, dispatcher=None):
         self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher
         self.names = tuple(o.name for o in kinds.operands_of(record))
-        self.out = made.names.get("out")
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
         # (operand names, `_operands_key`, core scalars) of the planned call, where its
@@ -447,15 +446,16 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
                 and target == "auto" and config is None and options is None and dispatcher is None)
     key = order = None  # every argument but bias, activation and out at its default: a key of its own
     if defaults and (activation is None or type(activation) is str):
+        extra = (() if bias is None else (bias,)) + (() if out is None else (out,))  # the arrays after a, b
         order = ("a", "b") + (() if bias is None else ("bias",)) + (() if out is None else ("out",))
-        key = _operands_key(a, b, *(() if bias is None else (bias,)), *(() if out is None else (out,)))
+        key = _operands_key(a, b, *extra)
         if key is not None and len(order) + (activation is not None) > 2:  # else the plain call: gemm(a, b)'s key
             key = ("matmul", activation, order, key)
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
             key = None
     runner = _runner(key)
     if runner is not None:
-        return runner(a, b, *(() if bias is None else (bias,)), *(() if out is None else (out,)))
+        return runner(a, b, *extra)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
     if getattr(a, "ndim", 2) == 1:

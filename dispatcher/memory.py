@@ -34,10 +34,14 @@ class View:
 
     def extent(self) -> tuple:
         """[first byte, last byte + 1) this view touches."""
-        if self.size == 0:
-            return self.ptr, self.ptr
-        last = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
-        return self.ptr, self.ptr + last + self.itemsize
+        return self.ptr, self.ptr + (span(self) if self.size else 0)
+
+
+def span(x) -> int:
+    """Bytes from a non-empty array's first element to past its last
+    (strides >= 0): of a View, an ArraySpec, anything with shape, strides
+    (bytes) and itemsize."""
+    return sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.itemsize
 
 
 class HostMemory:

@@ -27,6 +27,7 @@ import numpy as np
 from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
 from .library import GemmArgs, GroupedMmArgs, bound_gemm_args, data_pointer, gemm_args, grouped_mm_args
+from .memory import span
 from .problem import ArraySpec, StackedOperands, _integer_output_scalars, check_offsets
 from .workspace import WORKSPACES
 
@@ -168,7 +169,7 @@ class GroupedPlan(_Launches):
             return None
         entry, template, library = self._direct
         stream, alpha, layout = self.options.get("stream", 0), scalars[0], self.layout
-        shape = (layout.total_m, max(layout.problem.n, 0))
+        shape = (layout.total_m, layout.problem.n)
 
         def run(a, b, offsets):
             if type(offsets) is np.ndarray:
@@ -253,7 +254,7 @@ class Plan(_Launches):
         extras = tuple(order.index(name) for name in slots[3:])  # where the extra operands are in a call
         stream, new_result = self.options.get("stream", 0), self._new_result
         io = order.index(out) if out in order else None
-        spans = dict((name, _span(spec)) for name, spec in self.specs if spec is not None)
+        spans = dict((name, span(spec)) for name, spec in self.specs if spec is not None)
         apart = tuple((order.index(name), name, spans[name]) for name in inputs)  # what out must not overlap
 
         def result_of(arrays, pointer):
@@ -280,9 +281,7 @@ class Plan(_Launches):
             else:  # the commonest call, (a, b): only the three pointers
                 args = GemmArgs.from_buffer_copy(template)
                 args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
-            if workspace is None:  # its size asked each call (`_workspace_of`)
-                WORKSPACES.attach(library, args, stream)
-            elif workspace:
+            if workspace != 0:  # None: its size asked each call (`_workspace_of`)
                 WORKSPACES.attach(library, args, stream, workspace)
             _enter(entry, library, args)
             return result
@@ -345,9 +344,7 @@ class Plan(_Launches):
         if direct is not None and self.generation == self.dispatcher.manager.generation:
             entry, template, library, workspace = direct
             args = bound_gemm_args(template, self._pointers(arrays, result), core, params)
-            if workspace is None:
-                WORKSPACES.attach(library, args, self.options.get("stream", 0))
-            elif workspace:
+            if workspace != 0:
                 WORKSPACES.attach(library, args, self.options.get("stream", 0), workspace)
             library.check(entry(args))
             return
@@ -436,11 +433,6 @@ def new_result(like, shape, dtype):
 
 
 _TORCH_DTYPES: dict = {}  # a result's numpy dtype -> its torch dtype, once a call on tensors asks
-
-
-def _span(spec) -> int:
-    """Bytes from an array's first element to past its last (strides >= 0)."""
-    return sum((n - 1) * s for n, s in zip(spec.shape, spec.strides)) + spec.itemsize
 
 
 def _shares_memory(x, y) -> bool:
