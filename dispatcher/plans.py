@@ -20,6 +20,7 @@ Users may hold one (`dispatcher.plan(...)`) to skip even the lookup:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -272,15 +273,27 @@ class Plan(_Launches):
                     raise AliasingError(f"{out} overlaps {name}; the kernel would read what it writes")
             return result
 
+        # Each thread's own argument block, made on its first call: a call
+        # only points it at its arrays (an entry point reads the block while
+        # it runs and keeps nothing of it; another thread's call, while this
+        # one's kernel runs without the GIL, fills in its own).
+        blocks = threading.local()
+
+        def new_block():
+            args = bound_gemm_args(template, (0,) * (3 + len(extras)), scalars, ())
+            blocks.args, blocks.extra = args, [args._extra[i] for i in range(len(extras))]
+            return args, blocks.extra
+
         def run(*arrays):
             pointer = data_pointer if type(arrays[0]) is np.ndarray else _tensor_pointer
             result = result_of(arrays, pointer)
-            if extras:  # bound_gemm_args copies the extra operands' block (the template's is shared)
-                args = bound_gemm_args(template, [pointer(arrays[ia]), pointer(arrays[ib]), pointer(result),
-                                                  *[pointer(arrays[i]) for i in extras]], scalars, ())
-            else:  # the commonest call, (a, b): only the three pointers
-                args = GemmArgs.from_buffer_copy(template)
-                args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
+            try:
+                args, extra = blocks.args, blocks.extra
+            except AttributeError:
+                args, extra = new_block()
+            args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
+            for operand, i in zip(extra, extras):
+                operand.data = pointer(arrays[i])
             if workspace != 0:  # None: its size asked each call (`_workspace_of`)
                 WORKSPACES.attach(library, args, stream, workspace)
             _enter(entry, library, args)
