@@ -65,8 +65,10 @@ def operands(m, n, k, dtype=torch.bfloat16, seed=0):
 
 
 def fresh(tuning_dir=None) -> Dispatcher:
-    """A Dispatcher with nothing selected yet; a tuning database only for autotune."""
-    return Dispatcher(tuning=TuningDatabase(Path(tuning_dir) / "tuning.sqlite") if tuning_dir else None)
+    """A Dispatcher as a fresh install has it: nothing selected yet, an empty
+    tuning database of its own (in `tuning_dir`, for autotune's winners) and
+    the winners shipped with the package."""
+    return Dispatcher(tuning=TuningDatabase(Path(tuning_dir or tempfile.mkdtemp()) / "tuning.sqlite"))
 
 
 def launch_time(launch, timing) -> tuple:
@@ -121,7 +123,7 @@ def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dic
     is `plain()`, the public call as a user makes it (the default
     dispatcher, no out, target, or dispatcher argument: its shortest path);
     its kernel is what `call(d, False)` on a fresh Dispatcher selects (the
-    same ranking, no tuning database); autotune is `call(tuned, True)`."""
+    same ranking and shipped winners); autotune is `call(tuned, True)`."""
     d = fresh()
     call(d, False)  # first call: selection (and any build)
     plain()
@@ -362,8 +364,8 @@ def main():
     args = ap.parse_args()
     timing = TimingOptions(warmup=5, repeat=args.repeat, flush_l2=True)
     # The plain calls (the default column) select as a fresh install does:
-    # no tuning database, whatever earlier runs on this machine recorded.
-    dispatcher.api.default_dispatcher().tuning = None
+    # the shipped winners, nothing that earlier runs on this machine recorded.
+    dispatcher.api.default_dispatcher().tuning = TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite")
     corpus = load_shapes()["gpu"]
     parts = args.only.split(",")
     tmp = tempfile.mkdtemp()

@@ -6,10 +6,19 @@ fastest kernel's config and time. Writers from several processes are safe:
 WAL journal, a busy timeout, and an upsert that keeps the faster entry.
 `lookup` answers exactly tuned problems, else the nearest tuned problem of
 the same kind (log-distance of the sizes).
+
+Shipped winners: `dispatcher/data/tuning/*.json` hold rows of the same
+kind, measured by the tile engine's catalog sweeps on a named GPU (each
+file says which and how: `export`), so a fresh install selects as a tuned
+one. A database reads them beside its own rows: an exact entry of its own
+first, then an exact shipped one, then the nearest of either (its own on
+a tie). They are data, versioned with the kernels they name: a row whose
+config no longer builds is skipped.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
@@ -35,9 +44,30 @@ def problem_key(problem) -> tuple:
     return problem.tuning_key()
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
+_COLUMNS = ("variant", "target", "arch", "dtype", "out_dtype", "layout", "problem", "size_a", "size_b",
+            "size_c", "kernel", "config", "latency_ms", "source", "updated")
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
+    """The shipped winners: scope (variant, target, arch, dtype, out dtype,
+    layout) -> [(problem, size_a, size_b, size_c, config JSON), ...]."""
+    rows: dict = {}
+    for path in sorted(directory.glob("*.json")):
+        for r in json.loads(path.read_text())["rows"]:
+            scope = tuple(r[c] for c in _COLUMNS[:6])
+            rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
+                                               json.dumps(r["config"])))
+    return rows
+
+
 class TuningDatabase:
-    def __init__(self, path):
+    def __init__(self, path, shipped: bool = True):
+        """shipped: whether lookups also read the winners shipped with the
+        package (module docstring)."""
         self.path = Path(path)
+        self.shipped = shipped
 
     @classmethod
     def default(cls) -> "TuningDatabase":
@@ -73,23 +103,26 @@ class TuningDatabase:
                 "WHERE excluded.latency_ms < winners.latency_ms", row)
             return cur.rowcount > 0
 
+    def _shipped(self, problem) -> list:
+        return shipped_rows().get(self._scope(problem), []) if self.shipped else []
+
     def lookup(self, problem, candidates=()):
-        """The tuned config for `problem` (exact, else nearest), or None."""
-        if not self.path.exists():
-            return None
+        """The tuned config for `problem` (exact, else nearest; the module
+        docstring says in which order), or None."""
         key, sizes = problem_key(problem)
-        rows = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
-                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
-                            self._scope(problem))
-        if not rows:
-            return None
+        own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
+                           "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
+                           self._scope(problem)) if self.path.exists() else []
+        rows = [(r, 0) for r in own] + [(r, 1) for r in self._shipped(problem)]
 
-        def distance(row):
+        def order(entry):
+            row, shipped = entry
             if row[0] == key:
-                return -1.0
-            return sum(abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes))
+                return (-1.0, shipped, row[0])
+            return (sum(abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes)),
+                    shipped, row[0])
 
-        for row in sorted(rows, key=lambda r: (distance(r), r[0])):
+        for row, _ in sorted(rows, key=order):
             try:
                 config = KernelConfig.from_dict(json.loads(row[4]))
             except DispatcherError:
@@ -100,10 +133,13 @@ class TuningDatabase:
         return None
 
     def has(self, problem) -> bool:
-        """Whether `problem` itself (not a nearest neighbour) has an entry."""
+        """Whether `problem` itself (not a nearest neighbour) has an entry,
+        its own or shipped."""
+        key, _ = problem_key(problem)
+        if any(row[0] == key for row in self._shipped(problem)):
+            return True
         if not self.path.exists():
             return False
-        key, _ = problem_key(problem)
         return bool(self._select("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "
                                  "dtype=? AND out_dtype=? AND layout=? AND problem=?",
                                  (*self._scope(problem), key)))
@@ -116,6 +152,17 @@ class TuningDatabase:
                 return con.execute(sql, parameters).fetchall()
         except sqlite3.DatabaseError as e:
             raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
+
+    def export(self, path, about: str) -> int:
+        """Write this database's rows to a JSON file of shipped winners
+        (`SHIPPED_DIR`); about: the GPU or CPU and the commands that
+        measured them. Returns the row count."""
+        rows = [{**r, "config": json.loads(r["config"])} for r in self.entries()]
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps({"about": about, "rows": rows}, indent=1) + "\n")
+        partial.replace(path)  # whole or not at all
+        return len(rows)
 
     def entries(self) -> list:
         if not self.path.exists():

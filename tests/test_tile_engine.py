@@ -275,6 +275,48 @@ def test_tuning_database_feeds_selection(tmp_path):
     assert np.allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_a_catalog_sweep_is_the_variants_default_configs_over_the_other_axes():
+    d = Dispatcher(tuning=None)
+    problem = GemmProblem(1, 1, 1, "fp32", "fp32", "rcr", "regular", "cpu")
+    catalog = {c.name for c in d.candidates(problem)}
+    plan = sweep.expand({"catalog": True}, variant="regular", target="cpu", dtype="fp32", layout="rcr")
+    assert {c.name for c in plan.configs} == catalog and not plan.filtered
+    deeper = sweep.expand({"catalog": True, "tile_k": {"values": [64, 128]}}, variant="regular",
+                          target="cpu", dtype="fp32", layout="rcr")
+    assert len(deeper.configs) == 2 * len(catalog) and {c.tile_k for c in deeper.configs} == {64, 128}
+    with pytest.raises(errors.ConfigError, match="'catalog' must be true or false"):
+        sweep.expand({"catalog": "yes"}, variant="regular", target="cpu", dtype="fp32", layout="rcr")
+
+
+def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, monkeypatch):
+    """A database exported to JSON (as dispatcher/data/tuning is built) is
+    read by every database that ships winners: its exact entry, then its
+    nearest one when the database has none of its own; an exact entry of
+    the user's own comes first, and `shipped=False` reads none."""
+    from dispatcher import tuning
+    problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
+    far = GemmProblem(3000, 2000, 1000, "fp32", "fp32", "rrr", "regular", "cpu")
+    shipped = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
+    own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
+    source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
+    source.record(problem, shipped, 1.0)
+    shipped_dir = tmp_path / "shipped"
+    shipped_dir.mkdir()
+    assert source.export(shipped_dir / "cpu.json", "a test") == 1
+    assert json.loads((shipped_dir / "cpu.json").read_text())["about"] == "a test"
+    read = tuning.shipped_rows.__wrapped__
+    monkeypatch.setattr(tuning, "shipped_rows", lambda: read(shipped_dir))
+    fresh = TuningDatabase(tmp_path / "fresh.sqlite")
+    assert fresh.has(problem) and not fresh.has(far)
+    assert fresh.lookup(problem) == shipped and fresh.lookup(far) == shipped  # exact, then nearest
+    assert Dispatcher(tuning=fresh).select(problem) == shipped
+    assert TuningDatabase(tmp_path / "fresh.sqlite", shipped=False).lookup(problem) is None
+    fresh.record(far, own, 5.0)
+    assert fresh.lookup(far) == own and fresh.lookup(problem) == shipped  # exact of either first
+    fresh.record(problem, own, 9.0)
+    assert fresh.lookup(problem) == own  # the user's own exact entry before the shipped one
+
+
 def _write_many(path, start):
     db = TuningDatabase(path)
     for i in range(start, start + 30):

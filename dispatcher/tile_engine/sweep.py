@@ -7,6 +7,11 @@ the target's and the variant's config blocks; they may be grouped under
 `*_config` objects (`tile_config`, `target_config`, `variant_config`). An
 unknown axis or an invalid value is an error that names it; a combination
 the target or variant cannot build is filtered and counted with its reason.
+
+`"catalog": true` starts from the variant's default configs for the target,
+dtype and layout (what selection ranks): each is swept over the other axes,
+whose values replace its own. `{"catalog": true}` alone tunes the catalog on
+this machine, as a shipped tuning database is built.
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
            max_kernels: int = 0) -> SweepPlan:
     axes = flatten(load(raw))
     record = get_manager().variant(variant)
+    catalog = axes.pop("catalog", False)
+    if not isinstance(catalog, bool):
+        raise ConfigError(f"sweep key 'catalog' must be true or false, got {catalog!r}")
     schema = {o.name: o for o in (*targets.get(target).options, *record.options)}
     schema.update({name: Option(name, None, low=1, high=1 << 16) for name in TILE_AXES})
     unknown = sorted(set(axes) - set(schema))
@@ -102,6 +110,12 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
     configs, filtered = {}, []
     names = list(values)
     points = [dict(zip(names, combo)) for combo in itertools.product(*(values[n] for n in names))]
+    if catalog:
+        starts = record.default_configs(target, dtype, layout)
+        if not starts:
+            raise ConfigError(f"variant {variant!r} has no catalog on target {target!r} for {dtype} {layout}")
+        points = [{**start, **p} for start in starts for p in points]
+        names = sorted({n for p in points for n in p})
     made = targets.get(target).fit_sweep([KernelConfig.create(**base, **p) for p in points], names)
     for point, config in zip(points, made):
         reasons = config.problems()
