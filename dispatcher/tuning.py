@@ -45,6 +45,11 @@ def problem_key(problem) -> tuple:
 
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
+# The farthest a tuned problem may be and still decide another's kernel: a
+# factor of 2 in each of the three sizes (the sum of their log-distances).
+# Past it the winner says little (a GEMV is no 512-wide GEMM) and the
+# selection model ranks instead.
+NEAREST_WITHIN = 3 * math.log(2)
 _COLUMNS = ("variant", "target", "arch", "dtype", "out_dtype", "layout", "problem", "size_a", "size_b",
             "size_c", "kernel", "config", "latency_ms", "source", "updated")
 
@@ -106,31 +111,36 @@ class TuningDatabase:
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def lookup(self, problem, candidates=()):
-        """The tuned config for `problem` (exact, else nearest; the module
-        docstring says in which order), or None."""
+    def lookup(self, problem, candidates=(), rank=None):
+        """The tuned config for `problem`, or None: an exact entry (the
+        module docstring says whose first), else the winner of the nearest
+        tuned problem within `NEAREST_WITHIN`; where several are equally
+        near and disagree, the one `rank` (configs -> configs, best first:
+        the selection model's order) puts first, else the first by name."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
                            self._scope(problem)) if self.path.exists() else []
-        rows = [(r, 0) for r in own] + [(r, 1) for r in self._shipped(problem)]
-
-        def order(entry):
-            row, shipped = entry
-            if row[0] == key:
-                return (-1.0, shipped, row[0])
-            return (sum(abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes)),
-                    shipped, row[0])
-
-        for row, _ in sorted(rows, key=order):
+        usable = []  # (distance, shipped, problem, config), nearest first
+        for row, shipped in [(r, 0) for r in own] + [(r, 1) for r in self._shipped(problem)]:
+            distance = -1.0 if row[0] == key else sum(
+                abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes))
+            if distance > NEAREST_WITHIN:
+                continue
             try:
                 config = KernelConfig.from_dict(json.loads(row[4]))
             except DispatcherError:
                 continue  # a stale entry (plugin or schema changed): not usable
             # (a tuned plain kernel must not serve a fused-epilogue call)
             if not config.problems() and not unmet_fields(problem, config):
-                return config
-        return None
+                usable.append((distance, shipped, row[0], config))
+        if not usable:
+            return None
+        usable.sort(key=lambda u: u[:3])
+        if usable[0][0] < 0:
+            return usable[0][3]
+        tied = list({u[3].name: u[3] for u in usable if u[0] <= usable[0][0] + 1e-9}.values())
+        return rank(tied)[0] if rank is not None and len(tied) > 1 else usable[0][3]
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has an entry,

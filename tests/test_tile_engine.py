@@ -295,7 +295,8 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     the user's own comes first, and `shipped=False` reads none."""
     from dispatcher import tuning
     problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
-    far = GemmProblem(3000, 2000, 1000, "fp32", "fp32", "rrr", "regular", "cpu")
+    far = GemmProblem(600, 400, 199, "fp32", "fp32", "rrr", "regular", "cpu")  # just inside NEAREST_WITHIN
+    farther = GemmProblem(600, 400, 201, "fp32", "fp32", "rrr", "regular", "cpu")  # just past it
     shipped = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
@@ -309,12 +310,29 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     fresh = TuningDatabase(tmp_path / "fresh.sqlite")
     assert fresh.has(problem) and not fresh.has(far)
     assert fresh.lookup(problem) == shipped and fresh.lookup(far) == shipped  # exact, then nearest
+    assert fresh.lookup(farther) is None  # too far to say: the model ranks
     assert Dispatcher(tuning=fresh).select(problem) == shipped
     assert TuningDatabase(tmp_path / "fresh.sqlite", shipped=False).lookup(problem) is None
     fresh.record(far, own, 5.0)
     assert fresh.lookup(far) == own and fresh.lookup(problem) == shipped  # exact of either first
     fresh.record(problem, own, 9.0)
     assert fresh.lookup(problem) == own  # the user's own exact entry before the shipped one
+
+
+def test_equally_near_winners_that_disagree_go_to_the_model(tmp_path):
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
+    large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
+    db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
+    db.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
+    between = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 1.5x from each
+    seen = []
+
+    def rank(configs):
+        seen.append({c.name for c in configs})
+        return sorted(configs, key=lambda c: -c.tile_m)
+    assert db.lookup(between, rank=rank) == large and seen == [{small.name, large.name}]
+    assert db.lookup(between, rank=lambda configs: sorted(configs, key=lambda c: c.tile_m)) == small
 
 
 def _write_many(path, start):
