@@ -357,18 +357,19 @@ def _operands_key(*arrays):
     if not kind.__module__.startswith("torch"):
         return None
     plain = _plain_tensor_types()
-    for x in arrays:
-        if type(x) not in plain or not x.is_cuda:
-            return None
-    device = arrays[0].get_device()
-    for x in arrays:
-        if x.get_device() != device:
-            return None
+    first = arrays[0]
+    if kind not in plain or not first.is_cuda:
+        return None
+    device = first.get_device()
     stream = _torch_stream(device)
     if stream is None:
         return None
-    return (device, stream) + tuple((x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0)
-                                    for x in arrays)
+    key = [device, stream]  # one pass, no generator: this runs on every call
+    for x in arrays:
+        if type(x) not in plain or not x.is_cuda or x.get_device() != device:
+            return None
+        key.append((x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
+    return tuple(key)
 
 
 def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, options=None, strict=False,

@@ -89,9 +89,10 @@ class _Operator:
         tensors = args[:self.tensors]
         if not _plain(tensors):
             return self.operator(*args)
-        if self.function is not None and torch.is_grad_enabled() and \
-                any(t is not None and t.requires_grad for t in tensors):
-            return self.apply(*args)
+        if self.function is not None and _grad_enabled():
+            for t in tensors:  # a loop, not any(...): this runs on every call
+                if t is not None and t.requires_grad:
+                    return self.apply(*args)
         return self.kernel(*args)
 
 
@@ -101,13 +102,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter adds no behaviour to 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _function_mode = torch._C._is_torch_function_mode_enabled
 _transform = torch._C._functorch.peek_interpreter_stack
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
 
 
 def _plain(tensors) -> bool:
     """Whether an eager call on `tensors` may skip torch's dispatcher (see
     `_Operator`): not traced, no mode or transform active, every tensor a
     plain torch.Tensor on a CPU or CUDA device."""
-    if torch.compiler.is_compiling() or _dispatch_mode() is not None or _function_mode() or \
+    if _compiling() or _dispatch_mode() is not None or _function_mode() or \
             _transform() is not None:
         return False
     for t in tensors:  # a loop, not all(...): this runs on every call
