@@ -142,9 +142,12 @@ def _one_library(which: str, n: int, calls: int, repeat: int) -> float:
 # OpenBLAS's workers spin (sched_yield) for 2^OPENBLAS_THREAD_TIMEOUT cycles
 # after a call (2^28 by default, about 0.1 s), on the cores our next kernel
 # wants; the variable, read when OpenBLAS loads, shortens that (4..30). This
-# script imports numpy first, so its default row is OpenBLAS's default; the
-# other is what `import dispatcher` before numpy sets (dispatcher.environ).
-OPENBLAS_SETTINGS = {"OpenBLAS default": {}, "OPENBLAS_THREAD_TIMEOUT=4": {"OPENBLAS_THREAD_TIMEOUT": "4"}}
+# script imports numpy first, as much user code does: its first row is what
+# `import dispatcher` then does by itself (it sets OpenBLAS's spin to 2^4
+# cycles: dispatcher.blas_threads), the second the variable set before
+# numpy loads, the third OpenBLAS's own spin (a user's value is kept).
+OPENBLAS_SETTINGS = {"numpy imported first": {}, "OPENBLAS_THREAD_TIMEOUT=4": {"OPENBLAS_THREAD_TIMEOUT": "4"},
+                     "OpenBLAS's spin (OPENBLAS_THREAD_TIMEOUT=28)": {"OPENBLAS_THREAD_TIMEOUT": "28"}}
 
 
 def cpu_coexist(args) -> dict:

@@ -6,7 +6,7 @@
 See docs/architecture.md for the path of a call through the hooks.
 """
 
-from .environ import share_cores_with_numpy
+from .blas_threads import share_cores_with_numpy
 
 share_cores_with_numpy()  # before anything below imports numpy
 

@@ -7,6 +7,7 @@ poisoned before every launch and values are checked against a float64
 reference on the same inputs.
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -366,3 +367,56 @@ def test_openblas_spin_is_shortened_only_before_numpy_loads(first, preset, expec
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [str(expected)]
+
+
+_SPIN = """
+import ctypes, importlib.util, os, numpy, threadpoolctl
+# the module alone, not the package (whose import shortens the spin)
+where = os.path.join(importlib.util.find_spec("dispatcher").submodule_search_locations[0], "blas_threads.py")
+spec = importlib.util.spec_from_file_location("blas_threads_alone", where)
+alone = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(alone)
+elf_symbols = alone.elf_symbols
+def spins():
+    out = []
+    for i in threadpoolctl.threadpool_info():
+        if i["internal_api"] == "openblas":
+            s = elf_symbols(i["filepath"], ("thread_timeout", "openblas_thread_timeout"))
+            if len(s) < 2:
+                return None
+            base = ctypes.cast(ctypes.CDLL(i["filepath"]).openblas_thread_timeout, ctypes.c_void_p).value
+            out.append(ctypes.c_uint32.from_address(base - s["openblas_thread_timeout"][0]
+                                                    + s["thread_timeout"][0]).value)
+    return out or None
+before = spins()
+import dispatcher
+print(before)
+print(spins())
+"""
+
+
+@pytest.mark.parametrize("preset, after", [(None, 1 << 4), ("9", 1 << 9)])
+def test_openblas_loaded_first_gets_the_short_spin_unless_the_user_set_one(preset, after):
+    """numpy imported before dispatcher: OpenBLAS computed its spin from the
+    environment already, and `import dispatcher` sets the spin itself (2^4
+    cycles), not the variable; a value the user set stays."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    done = subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, now = (ast.literal_eval(line) for line in done.stdout.splitlines()[-2:])
+    if before is None:
+        pytest.skip("this numpy's OpenBLAS has no thread_timeout symbol: left alone by design")
+    assert before == [1 << (28 if preset is None else 9)] * len(before)  # what OpenBLAS computed
+    assert now == [after] * len(before)
+
+
+def test_a_library_without_the_symbol_is_left_alone(tmp_path):
+    from dispatcher import blas_threads
+    not_elf = tmp_path / "libfake.so"
+    not_elf.write_bytes(b"not an ELF file at all")
+    assert blas_threads.elf_symbols(str(not_elf), ("thread_timeout",)) == {}
+    assert blas_threads.shorten_spin(str(not_elf)) is False
+    assert blas_threads.shorten_spin(str(tmp_path / "missing.so")) is False
+    assert blas_threads.elf_symbols(sys.executable, ("thread_timeout",)) == {}  # an ELF without it
