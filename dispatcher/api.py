@@ -388,13 +388,14 @@ def run(variant: str, *, target: str = "auto", out_dtype=None, config=None, opti
     remember = None
     if target == "auto" and out_dtype is None and config is None and options is None and strict is False \
             and autotune is None and dispatcher is None:
-        remember = _plain_run_key(variant, arguments)
+        found = _plain_run_key(variant, arguments)
         try:
-            runner = _runner(remember and remember[0])
+            runner = _runner(found and found[0])
         except TypeError:  # an unhashable value: the general path says what is wrong with it
-            runner = remember = None
+            runner = found = None
         if runner is not None:
-            return runner(*(arguments[name] for name in remember[1]))
+            return runner(*found[2])
+        remember = found and found[:2]
     return _run(variant, arguments, target=target, out_dtype=out_dtype, config=config, options=options,
                 strict=strict, autotune=autotune, dispatcher=dispatcher, remember=remember)
 
@@ -412,24 +413,27 @@ def _run(variant: str, arguments: dict, *, target, out_dtype, config, options, s
 
 
 def _plain_run_key(variant: str, arguments: dict):
-    """(key, operand order) of a plain `run` call: one whose arguments are
+    """(key, operand order, the operands in that order) of a plain `run` call: one whose arguments are
     arrays, strings (variant values), floats (scalars) and None (in the key
     by name: a value the general path refuses, say `alpha=None`, is never
     remembered); None for any other."""
     if type(variant) is not str:
         return None
-    order, values = [], []
+    order, values, arrays = [], [], []
     for name, x in arguments.items():
-        if type(x) is str or x is None:
+        kind = type(x)
+        if kind is str or x is None:
             values.append((name, x))
-        elif type(x) is float:
+        elif kind is float:
             values.append((name, _exact(x)))
         else:
             order.append(name)
+            arrays.append(x)
     if not order:
         return None
-    key = _operands_key(*(arguments[name] for name in order))
-    return None if key is None else (("run", variant, tuple(order), tuple(values), key), tuple(order))
+    key = _operands_key(*arrays)
+    order = tuple(order)
+    return None if key is None else (("run", variant, order, tuple(values), key), order, arrays)
 
 
 def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=1.0,

@@ -293,9 +293,17 @@ def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: f
     """alpha * x @ y laid out as `like`: for a column-major `like`, the
     row-major product y^T @ x^T viewed transposed (no copy either way).
     selection: the forward's variant and autotune."""
+    # straight to the operator (gemm()'s autocast and config key would do
+    # nothing here); an out_dtype that is the inputs' own rule is left out,
+    # so a plain call takes dispatcher.gemm's shortest path
+    out_dtype = None if like.dtype == x.dtype and like.dtype in _OWN_OUTPUT else like.dtype
     if column_major(like):
-        return gemm(y.t(), x.t(), alpha=alpha, out_dtype=like.dtype, **selection).t()
-    return gemm(x, y, alpha=alpha, out_dtype=like.dtype, **selection)
+        return _GEMM(y.t(), x.t(), None, alpha, 0.0, out_dtype, selection["variant"], None,
+                     selection["autotune"]).t()
+    return _GEMM(x, y, None, alpha, 0.0, out_dtype, selection["variant"], None, selection["autotune"])
+
+
+_OWN_OUTPUT = (torch.bfloat16, torch.float16, torch.float32)  # input dtypes whose default output is themselves
 
 
 def autocast(*tensors) -> tuple:
