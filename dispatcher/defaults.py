@@ -21,8 +21,7 @@ def dispatcher_build(source, target, cache):
 @hookimpl(trylast=True)
 def dispatcher_select_library(problem, candidates, tuning, record):
     if tuning is not None:  # asked even when no default config builds here
-        tuned = tuning.lookup(problem, candidates,
-                              rank=lambda configs: [e.config for e in selection.rank(problem, configs, record)])
+        tuned = tuning.lookup(problem, candidates, record)
         if tuned is not None:
             return tuned
     if not candidates:

@@ -141,8 +141,8 @@ class Dispatcher:
         config (if any), the ranked candidates with their estimates, and the
         rejected ones with the reason."""
         candidates, rejected = self.default_configs(problem)
-        tuned = self.tuning.lookup(problem, candidates) if self.tuning is not None else None
         record = self.manager.variant(problem.variant)
+        tuned = self.tuning.lookup(problem, candidates, record) if self.tuning is not None else None
         chosen = self.hook.dispatcher_select_library(problem=problem, candidates=candidates,
                                                      tuning=self.tuning, record=record)
         return dict(problem=problem, tuned=tuned, chosen=chosen,

@@ -25,7 +25,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from . import targets
+from . import selection, targets
 from .config import KernelConfig
 from .errors import DispatcherError
 from .problem import unmet_fields
@@ -111,12 +111,13 @@ class TuningDatabase:
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def lookup(self, problem, candidates=(), rank=None):
+    def lookup(self, problem, candidates=(), record=None):
         """The tuned config for `problem`, or None: an exact entry (the
         module docstring says whose first), else the winner of the nearest
         tuned problem within `NEAREST_WITHIN`; where several are equally
-        near and disagree, the one `rank` (configs -> configs, best first:
-        the selection model's order) puts first, else the first by name."""
+        near and disagree, the one the selection model ranks first (for
+        the variant `record`; without it, the first in the order of the tuned
+        problems' keys)."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
@@ -140,7 +141,9 @@ class TuningDatabase:
         if usable[0][0] < 0:
             return usable[0][3]
         tied = list({u[3].name: u[3] for u in usable if u[0] <= usable[0][0] + 1e-9}.values())
-        return rank(tied)[0] if rank is not None and len(tied) > 1 else usable[0][3]
+        if record is None or len(tied) == 1:
+            return usable[0][3]
+        return selection.rank(problem, tied, record)[0].config
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has an entry,

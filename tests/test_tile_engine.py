@@ -19,6 +19,7 @@ from dispatcher.api import Dispatcher
 from dispatcher.problem import GemmProblem
 from dispatcher.targets import cpu_isa
 from dispatcher.tile_engine import problems, results, sweep
+from dispatcher import selection
 from dispatcher.tuning import TuningDatabase
 
 from conftest import make_importable, wait_until
@@ -323,16 +324,15 @@ def test_equally_near_winners_that_disagree_go_to_the_model(tmp_path):
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
     small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
-    db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
-    db.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
+    db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
+    db.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
     between = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 1.5x from each
-    seen = []
-
-    def rank(configs):
-        seen.append({c.name for c in configs})
-        return sorted(configs, key=lambda c: -c.tile_m)
-    assert db.lookup(between, rank=rank) == large and seen == [{small.name, large.name}]
-    assert db.lookup(between, rank=lambda configs: sorted(configs, key=lambda c: c.tile_m)) == small
+    record = dispatcher.plugins.get_manager().variant("regular")
+    modelled = selection.rank(between, [small, large], record)[0].config
+    assert db.lookup(between, record=record) == modelled
+    assert Dispatcher(tuning=db).select(between) == modelled
+    assert modelled == small  # the model's choice is not the first by the keys' order ...
+    assert db.lookup(between) == large  # ... which a lookup without the variant's record takes
 
 
 def _write_many(path, start):
