@@ -320,6 +320,22 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     assert fresh.lookup(problem) == own  # the user's own exact entry before the shipped one
 
 
+def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
+    """dispatcher/data/tuning is data versioned with the kernels it names:
+    a plugin or schema change that makes a row stale fails here, before a
+    user's lookup silently skips it."""
+    from dispatcher import tuning
+    rows = tuning.shipped_rows.__wrapped__()
+    assert rows, "no shipped winners"
+    for (variant, target, arch, dtype, out_dtype, layout), entries in rows.items():
+        for problem, *sizes, config_json in entries:
+            config = dispatcher.KernelConfig.from_dict(json.loads(config_json))
+            assert not config.problems(), (problem, config.name, config.problems())
+            assert (config.variant, config.target, config.dtype_a, config.dtype_c, config.layout) == \
+                (variant, target, dtype, out_dtype, layout), (problem, config.name)
+            assert all(x >= 1 for x in sizes) and arch.startswith("sm_")
+
+
 def test_equally_near_winners_that_disagree_go_to_the_model(tmp_path):
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
     small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
