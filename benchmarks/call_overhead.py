@@ -12,9 +12,10 @@ Parts (`--only`):
   cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
                dispatcher.matmul, a held dispatcher.plan
   cpu_coexist  fp32 1024^3 and 2048^3: numpy and dispatcher.gemm each alone
-               (its own process) and alternating call by call in one process,
-               as user code mixes them; ratio alternating / alone per library,
-               with OpenBLAS's default worker spin and with a short one
+               and alternating call by call, as user code mixes them, in
+               rounds in one process per setting (numpy imported first; the
+               short spin set before numpy; OpenBLAS's own spin); ratio
+               alternating / alone per library
   gpu_call     (a CUDA GPU and torch): bf16 256^3 torch.matmul against
                dispatcher.gemm, a held plan and dispatcher.torch.gemm;
                dispatcher.torch.Linear against nn.Linear, forward and
@@ -115,28 +116,33 @@ def cpu_call(args) -> dict:
             "ratio_to_numpy": {k: v / us["numpy"] for k, v in us.items()}}
 
 
-def _one_library(which: str, n: int, calls: int, repeat: int) -> float:
-    """Seconds per call of `which` ('numpy', 'dispatcher' or 'both', alternating) in this process."""
+def _one_process(n: int, calls: int, repeat: int) -> dict:
+    """Seconds per call of numpy and dispatcher.gemm at n^3 in this process:
+    each alone, then alternating call by call, in rounds (alone numpy,
+    alone dispatcher, alternating), each block after a quiet 0.25 s so it
+    starts with the other library's threads asleep. Medians over the
+    rounds: the host's slow and fast phases fall on all three alike."""
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n), np.float32), rng.random((n, n), np.float32)
     fns = {"numpy": lambda: a @ b, "dispatcher": lambda: dispatcher.gemm(a, b)}
     for fn in fns.values():
         fn()
-    if which != "both":
-        times = []
-        for _ in range(repeat):
+    alone, alternating = {k: [] for k in fns}, {k: [] for k in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            time.sleep(0.25)
             start = time.perf_counter()
             for _ in range(calls):
-                fns[which]()
-            times.append((time.perf_counter() - start) / calls)
-        return {which: float(np.median(times))}
-    times = {k: [] for k in fns}
-    for _ in range(repeat * calls):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {k: float(np.median(v)) for k, v in times.items()}
+                fn()
+            alone[name].append((time.perf_counter() - start) / calls)
+        time.sleep(0.25)
+        for _ in range(calls):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                alternating[name].append(time.perf_counter() - start)
+    return {"alone": {k: float(np.median(v)) for k, v in alone.items()},
+            "alternating": {k: float(np.median(v)) for k, v in alternating.items()}}
 
 
 # OpenBLAS's workers spin (sched_yield) for 2^OPENBLAS_THREAD_TIMEOUT cycles
@@ -160,23 +166,20 @@ def cpu_coexist(args) -> dict:
 
 
 def _coexisting(n: int, setting: str, environment: dict, repeat: int) -> dict:
-    """numpy and dispatcher.gemm at n^3, each alone (a process of its own)
-    and alternating call by call in one process."""
+    """numpy and dispatcher.gemm at n^3 in one process started with
+    `environment`: each alone and alternating call by call (`_one_process`)."""
     calls = 5 if n == 1024 else 2
-    found = {}
-    for which in ("numpy", "dispatcher", "both"):
-        code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                f"import call_overhead as c; print(json.dumps(c._one_library({which!r}, {n}, {calls}, "
-                f"{repeat})))")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                              env=environment)
-        if done.returncode:
-            raise SystemExit(done.stderr)
-        found[which] = json.loads(done.stdout.strip().splitlines()[-1])
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import call_overhead as c; print(json.dumps(c._one_process({n}, {calls}, {repeat})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=environment)
+    if done.returncode:
+        raise SystemExit(done.stderr)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
     flops = 2.0 * n ** 3
     row = {"n": n, "openblas": setting,
-           "alone_gflops": {k: flops / found[k][k] / 1e9 for k in ("numpy", "dispatcher")},
-           "alternating_gflops": {k: flops / v / 1e9 for k, v in found["both"].items()}}
+           "alone_gflops": {k: flops / v / 1e9 for k, v in found["alone"].items()},
+           "alternating_gflops": {k: flops / v / 1e9 for k, v in found["alternating"].items()}}
     row["alternating_over_alone"] = {k: row["alternating_gflops"][k] / row["alone_gflops"][k]
                                      for k in ("numpy", "dispatcher")}
     row["dispatcher_over_numpy_alone"] = row["alone_gflops"]["dispatcher"] / row["alone_gflops"]["numpy"]
