@@ -232,7 +232,8 @@ class Plan(_Launches):
         scale_a, scale_b; beta 0) and the variant's parameters at their
         defaults: a function of those arrays that checks what depends on
         the data (the output writable and apart from the inputs), points
-        a copy of the argument block at them and calls the entry point; the
+        an argument block of its own (one kept per thread, taken while in
+        use) at them and calls the entry point; the
         fewest steps a call can take. The api's memo of calls (`api._RUNNERS`)
         and held plans run them. None where such calls cannot go straight
         to the kernel (yet: a plan's first call binds it). Made once per
@@ -273,30 +274,32 @@ class Plan(_Launches):
                     raise AliasingError(f"{out} overlaps {name}; the kernel would read what it writes")
             return result
 
-        # Each thread's own argument block, made on its first call: a call
-        # only points it at its arrays (an entry point reads the block while
-        # it runs and keeps nothing of it; another thread's call, while this
-        # one's kernel runs without the GIL, fills in its own).
+        # Argument blocks for reuse: a call takes one (or makes one), points
+        # it at its arrays, and puts it back after its kernel returned (an
+        # entry point reads the block while it runs and keeps nothing of it).
+        # Kept per thread and taken out while in use, so neither another
+        # thread's call (while this kernel runs without the GIL) nor a call
+        # nested in this one on the same thread (a signal handler, a
+        # profiler or __del__ running Python between the filling and the
+        # kernel) can repoint the block a kernel is about to read.
         blocks = threading.local()
 
         def new_block():
             args = bound_gemm_args(template, (0,) * (3 + len(extras)), scalars, ())
-            blocks.args, blocks.extra = args, [args._extra[i] for i in range(len(extras))]
-            return args, blocks.extra
+            return args, [args._extra[i] for i in range(len(extras))]
 
         def run(*arrays):
             pointer = data_pointer if type(arrays[0]) is np.ndarray else _tensor_pointer
             result = result_of(arrays, pointer)
-            try:
-                args, extra = blocks.args, blocks.extra
-            except AttributeError:
-                args, extra = new_block()
+            block = blocks.__dict__.pop("free", None) or new_block()
+            args, extra = block
             args.a, args.b, args.c = pointer(arrays[ia]), pointer(arrays[ib]), pointer(result)
             for operand, i in zip(extra, extras):
                 operand.data = pointer(arrays[i])
             if workspace != 0:  # None: its size asked each call (`_workspace_of`)
                 WORKSPACES.attach(library, args, stream, workspace)
             _enter(entry, library, args)
+            blocks.free = block  # not after a failed call: its block is simply dropped
             return result
         self.runners[_runner_key(order, scalars)] = run
         return run

@@ -118,6 +118,32 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
     assert max_rel(scaled(a, b), reference(a, b, alpha=2.0)) <= 1e-5 and scaled.scalars == (2.0, 0.0, 1.0, 1.0)
 
 
+def test_a_call_nested_in_another_on_the_same_thread_leaves_its_argument_block_alone(rng):
+    """Python can run between a runner pointing its argument block at the
+    arrays and the kernel reading it (a signal handler, a profiler, a
+    __del__); a call made there, through the same runner, gets a block of
+    its own: both results are right (with one shared block the outer
+    kernel ran on the inner call's arrays and wrote into a freed result)."""
+    a1, b1, a2, b2 = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(4))
+    bias1, bias2 = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+    for _ in range(3):  # the runner serves the call from now on
+        dispatcher.matmul(a1, b1, bias=bias1)
+    inner = []
+
+    def nest(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_enter" and not inner:
+            inner.append(None)
+            inner[0] = dispatcher.matmul(a2, b2, bias=bias2)
+    sys.setprofile(nest)
+    try:
+        outer = dispatcher.matmul(a1, b1, bias=bias1)
+    finally:
+        sys.setprofile(None)
+    assert inner and inner[0] is not None, "the nested call did not run"
+    assert max_rel(outer, reference(a1, b1) + bias1) < 1e-5
+    assert max_rel(inner[0], reference(a2, b2) + bias2) < 1e-5
+
+
 def test_calls_with_out_target_dispatcher_or_alpha_take_a_runner_of_their_own(rng, monkeypatch):
     """Arguments that only decide a call's plan (out, target, dispatcher,
     alpha, out_dtype, strict, autotune) are in its key: the second such
