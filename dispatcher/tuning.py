@@ -11,9 +11,10 @@ Shipped winners: `dispatcher/data/tuning/*.json` hold rows of the same
 kind, measured by the tile engine's catalog sweeps on a named GPU (each
 file says which and how: `export`), so a fresh install selects as a tuned
 one. A database reads them beside its own rows: an exact entry of its own
-first, then an exact shipped one, then the nearest of either (its own on
-a tie). They are data, versioned with the kernels they name: a row whose
-config no longer builds is skipped.
+first, then an exact shipped one, then the nearest (its own, where one is
+as near as the nearest shipped one). Autotune still measures a problem
+that only shipped rows cover (`has`). They are data, versioned with the
+kernels they name: a row whose config no longer builds is skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from . import selection, targets
+from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
 from .problem import unmet_fields
@@ -46,12 +47,10 @@ def problem_key(problem) -> tuple:
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # The farthest a tuned problem may be and still decide another's kernel: a
-# factor of 2 in each of the three sizes (the sum of their log-distances).
-# Past it the winner says little (a GEMV is no 512-wide GEMM) and the
-# selection model ranks instead.
-NEAREST_WITHIN = 3 * math.log(2)
-_COLUMNS = ("variant", "target", "arch", "dtype", "out_dtype", "layout", "problem", "size_a", "size_b",
-            "size_c", "kernel", "config", "latency_ms", "source", "updated")
+# factor of 2 in each of the three sizes. Past it the winner says little (a
+# GEMV is no 512-wide GEMM) and the selection model ranks instead.
+NEAREST_WITHIN = 2
+_SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,7 +60,7 @@ def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
     rows: dict = {}
     for path in sorted(directory.glob("*.json")):
         for r in json.loads(path.read_text())["rows"]:
-            scope = tuple(r[c] for c in _COLUMNS[:6])
+            scope = tuple(r[c] for c in _SCOPE)
             rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
                                                json.dumps(r["config"])))
     return rows
@@ -111,23 +110,24 @@ class TuningDatabase:
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def lookup(self, problem, candidates=(), record=None):
+    def lookup(self, problem, candidates=()):
         """The tuned config for `problem`, or None: an exact entry (the
-        module docstring says whose first), else the winner of the nearest
-        tuned problem within `NEAREST_WITHIN`; where several are equally
-        near and disagree, the one the selection model ranks first (for
-        the variant `record`; without it, the first in the order of the tuned
-        problems' keys)."""
+        user's own before a shipped one), else the winner of the nearest
+        tuned problem within a factor `NEAREST_WITHIN` of each size (the
+        user's own, where any is that near). Equally near neighbours whose
+        winners disagree leave it to the selection model (1024^3 between
+        grid shapes of 512 and 2048: their four winners ran up to 13%
+        slower than the model's pick on the H100)."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
                            self._scope(problem)) if self.path.exists() else []
         usable = []  # (distance, shipped, problem, config), nearest first
         for row, shipped in [(r, 0) for r in own] + [(r, 1) for r in self._shipped(problem)]:
-            distance = -1.0 if row[0] == key else sum(
-                abs(math.log(max(x, 1.0)) - math.log(max(y, 1.0))) for x, y in zip(row[1:4], sizes))
-            if distance > NEAREST_WITHIN:
+            pairs = [(max(x, 1.0), max(y, 1.0)) for x, y in zip(row[1:4], sizes)]
+            if row[0] != key and any(max(x, y) > NEAREST_WITHIN * min(x, y) for x, y in pairs):
                 continue
+            distance = -1.0 if row[0] == key else sum(abs(math.log(x) - math.log(y)) for x, y in pairs)
             try:
                 config = KernelConfig.from_dict(json.loads(row[4]))
             except DispatcherError:
@@ -138,19 +138,17 @@ class TuningDatabase:
         if not usable:
             return None
         usable.sort(key=lambda u: u[:3])
-        if usable[0][0] < 0:
+        nearest, shipped = usable[0][:2]  # the user's own first among the nearest: `shipped` 0 if any
+        if nearest < 0:
             return usable[0][3]
-        tied = list({u[3].name: u[3] for u in usable if u[0] <= usable[0][0] + 1e-9}.values())
-        if record is None or len(tied) == 1:
-            return usable[0][3]
-        return selection.rank(problem, tied, record)[0].config
+        tied = {u[3].name for u in usable if u[0] <= nearest + 1e-9 and u[1] == shipped}
+        return usable[0][3] if len(tied) == 1 else None  # neighbours that disagree do not decide
 
     def has(self, problem) -> bool:
-        """Whether `problem` itself (not a nearest neighbour) has an entry,
-        its own or shipped."""
+        """Whether `problem` itself (not a nearest neighbour) has an entry of
+        this database's own, measured here: autotune asks, and tunes a
+        problem that only shipped winners (of another card) cover."""
         key, _ = problem_key(problem)
-        if any(row[0] == key for row in self._shipped(problem)):
-            return True
         if not self.path.exists():
             return False
         return bool(self._select("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "

@@ -19,7 +19,6 @@ from dispatcher.api import Dispatcher
 from dispatcher.problem import GemmProblem
 from dispatcher.targets import cpu_isa
 from dispatcher.tile_engine import problems, results, sweep
-from dispatcher import selection
 from dispatcher.tuning import TuningDatabase
 
 from conftest import make_importable, wait_until
@@ -292,12 +291,15 @@ def test_a_catalog_sweep_is_the_variants_default_configs_over_the_other_axes():
 def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, monkeypatch):
     """A database exported to JSON (as dispatcher/data/tuning is built) is
     read by every database that ships winners: its exact entry, then its
-    nearest one when the database has none of its own; an exact entry of
-    the user's own comes first, and `shipped=False` reads none."""
+    nearest one within a factor 2 of each size; an exact entry of the
+    user's own comes first, and so does an own one as near as the nearest
+    shipped; `shipped=False` reads none; `has` (autotune's question) counts
+    the user's own entries only."""
     from dispatcher import tuning
     problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
     far = GemmProblem(600, 400, 199, "fp32", "fp32", "rrr", "regular", "cpu")  # just inside NEAREST_WITHIN
     farther = GemmProblem(600, 400, 201, "fp32", "fp32", "rrr", "regular", "cpu")  # just past it
+    skewed = GemmProblem(300, 200, 13, "fp32", "fp32", "rrr", "regular", "cpu")  # 8x in K alone
     shipped = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
@@ -309,15 +311,30 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     read = tuning.shipped_rows.__wrapped__
     monkeypatch.setattr(tuning, "shipped_rows", lambda: read(shipped_dir))
     fresh = TuningDatabase(tmp_path / "fresh.sqlite")
-    assert fresh.has(problem) and not fresh.has(far)
+    assert not fresh.has(problem)  # shipped rows are another machine's: autotune still measures
     assert fresh.lookup(problem) == shipped and fresh.lookup(far) == shipped  # exact, then nearest
-    assert fresh.lookup(farther) is None  # too far to say: the model ranks
+    assert fresh.lookup(farther) is None and fresh.lookup(skewed) is None  # too far to say: the model ranks
     assert Dispatcher(tuning=fresh).select(problem) == shipped
     assert TuningDatabase(tmp_path / "fresh.sqlite", shipped=False).lookup(problem) is None
     fresh.record(far, own, 5.0)
     assert fresh.lookup(far) == own and fresh.lookup(problem) == shipped  # exact of either first
     fresh.record(problem, own, 9.0)
-    assert fresh.lookup(problem) == own  # the user's own exact entry before the shipped one
+    assert fresh.has(problem) and fresh.lookup(problem) == own  # the user's own exact entry first
+
+
+def test_an_own_winner_as_near_as_a_shipped_one_comes_first(tmp_path, monkeypatch):
+    from dispatcher import tuning
+    small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
+    large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
+    source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
+    source.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
+    source.export(tmp_path / "cpu.json", "a test")
+    read = tuning.shipped_rows.__wrapped__
+    monkeypatch.setattr(tuning, "shipped_rows", lambda: read(tmp_path))
+    db = TuningDatabase(tmp_path / "own.sqlite")
+    db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
+    between = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 1.5x from either
+    assert db.lookup(between) == large  # the user's own measurement, not a tie the model decides
 
 
 def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
@@ -336,19 +353,17 @@ def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
             assert all(x >= 1 for x in sizes) and arch.startswith("sm_")
 
 
-def test_equally_near_winners_that_disagree_go_to_the_model(tmp_path):
+def test_equally_near_winners_that_disagree_leave_it_to_the_model(tmp_path):
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
     small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
     db.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
     between = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 1.5x from each
-    record = dispatcher.plugins.get_manager().variant("regular")
-    modelled = selection.rank(between, [small, large], record)[0].config
-    assert db.lookup(between, record=record) == modelled
-    assert Dispatcher(tuning=db).select(between) == modelled
-    assert modelled == small  # the model's choice is not the first by the keys' order ...
-    assert db.lookup(between) == large  # ... which a lookup without the variant's record takes
+    assert db.lookup(between) is None
+    assert Dispatcher(tuning=db).select(between) == Dispatcher(tuning=None).select(between)
+    nearer = GemmProblem(290, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
+    assert db.lookup(nearer) == large  # one nearest: its winner
 
 
 def _write_many(path, start):
