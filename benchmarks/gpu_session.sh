@@ -55,7 +55,7 @@ for step in "$@"; do
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps over
     # benchmarks/sweeps/cuda_tuning_grid*.json, exported with the GPU's name
-    tune) rm -f $R/.gpucache/tuning.sqlite
+    tune) rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
           for spec in regular:rcr:cuda_tuning_grid regular:rrr:cuda_tuning_grid stream_k:rcr:cuda_tuning_grid_stream_k; do
             IFS=: read variant layout grid <<< "$spec"
             timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --dtype bf16 \

@@ -357,9 +357,9 @@ def test_kernel_workers_stay_unbound_where_the_user_or_the_team_size_says(settin
 @pytest.mark.parametrize("first, preset, expected", [
     ("", None, "4"),                 # dispatcher loads numpy: OpenBLAS reads the short spin
     ("", "9", "9"),                  # the user's own value wins
-    ("import numpy\n", None, None),  # numpy (and OpenBLAS) loaded first: too late, left alone
+    ("import numpy\n", None, "4"),   # numpy loaded first: set for any OpenBLAS loaded later
 ])
-def test_openblas_spin_is_shortened_only_before_numpy_loads(first, preset, expected):
+def test_the_openblas_spin_variable_is_set_unless_the_user_set_one(first, preset, expected):
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     if preset is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = preset
@@ -370,24 +370,16 @@ def test_openblas_spin_is_shortened_only_before_numpy_loads(first, preset, expec
 
 
 _SPIN = """
-import ctypes, importlib.util, os, numpy, threadpoolctl
+import importlib.util, os, numpy, threadpoolctl
 # the module alone, not the package (whose import shortens the spin)
 where = os.path.join(importlib.util.find_spec("dispatcher").submodule_search_locations[0], "blas_threads.py")
 spec = importlib.util.spec_from_file_location("blas_threads_alone", where)
 alone = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(alone)
-elf_symbols = alone.elf_symbols
 def spins():
-    out = []
-    for i in threadpoolctl.threadpool_info():
-        if i["internal_api"] == "openblas":
-            s = elf_symbols(i["filepath"], ("thread_timeout", "openblas_thread_timeout"))
-            if len(s) < 2:
-                return None
-            base = ctypes.cast(ctypes.CDLL(i["filepath"]).openblas_thread_timeout, ctypes.c_void_p).value
-            out.append(ctypes.c_uint32.from_address(base - s["openblas_thread_timeout"][0]
-                                                    + s["thread_timeout"][0]).value)
-    return out or None
+    found = [alone.spin_variable(i["filepath"]) for i in threadpoolctl.threadpool_info()
+             if i["internal_api"] == "openblas"]
+    return None if not found or None in found else [v.value for v in found]
 before = spins()
 import dispatcher
 print(before)
@@ -420,3 +412,24 @@ def test_a_library_without_the_symbol_is_left_alone(tmp_path):
     assert blas_threads.shorten_spin(str(not_elf)) is False
     assert blas_threads.shorten_spin(str(tmp_path / "missing.so")) is False
     assert blas_threads.elf_symbols(sys.executable, ("thread_timeout",)) == {}  # an ELF without it
+
+
+def test_the_openblas_spin_is_written_only_where_every_check_holds(monkeypatch):
+    """The symbol table read from disk must describe the loaded image: a
+    function offset that does not match it (a file replaced since it was
+    loaded), a read-only or function-typed `thread_timeout`, or two of
+    them: nothing is read or written."""
+    import threadpoolctl
+    from dispatcher import blas_threads
+    paths = [i["filepath"] for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]
+    if not paths or blas_threads.spin_variable(paths[0]) is None:
+        pytest.skip("no OpenBLAS with a thread_timeout symbol here")
+    real = blas_threads.elf_symbols(paths[0], ("thread_timeout", "openblas_thread_timeout"))
+    (var,), (fn,) = real["thread_timeout"], real["openblas_thread_timeout"]
+    for broken in ({**real, "openblas_thread_timeout": [(fn[0] + 64, *fn[1:])]},    # another file
+                   {**real, "thread_timeout": [(*var[:3], False)]},                 # read-only
+                   {**real, "thread_timeout": [(var[0], var[1], 2, var[3])]},        # a function
+                   {**real, "thread_timeout": [var, var]}):                         # ambiguous
+        monkeypatch.setattr(blas_threads, "elf_symbols", lambda path, names, found=broken: found)
+        assert blas_threads.spin_variable(paths[0]) is None, broken
+        assert blas_threads.shorten_spin(paths[0]) is False

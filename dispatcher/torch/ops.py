@@ -296,14 +296,17 @@ def _product_like(like: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: f
     # straight to the operator (gemm()'s autocast and config key would do
     # nothing here); an out_dtype that is the inputs' own rule is left out,
     # so a plain call takes dispatcher.gemm's shortest path
-    out_dtype = None if like.dtype == x.dtype and like.dtype in _OWN_OUTPUT else like.dtype
+    default = _DEFAULT_OUTPUT.get(x.dtype)
+    if default is None:
+        default = _DEFAULT_OUTPUT[x.dtype] = output_dtype(x, None)
+    out_dtype = None if like.dtype == default else like.dtype
     if column_major(like):
         return _GEMM(y.t(), x.t(), None, alpha, 0.0, out_dtype, selection["variant"], None,
                      selection["autotune"]).t()
     return _GEMM(x, y, None, alpha, 0.0, out_dtype, selection["variant"], None, selection["autotune"])
 
 
-_OWN_OUTPUT = (torch.bfloat16, torch.float16, torch.float32)  # input dtypes whose default output is themselves
+_DEFAULT_OUTPUT: dict = {}  # an input torch dtype -> its GEMM's default output dtype (CK's rule)
 
 
 def autocast(*tensors) -> tuple:
