@@ -373,13 +373,15 @@ def cmd_explain(args):
     if args.json:
         print(json.dumps(dict(
             problem=attrs.asdict(problem), chosen=found["chosen"] and found["chosen"].name,
-            tuned=found["tuned"] and found["tuned"].name,
+            tuned=found["tuned"] and found["tuned"].config.name,
+            tuned_from=found["tuned"] and dict(problem=found["tuned"].problem, shipped=found["tuned"].shipped,
+                                               exact=found["tuned"].exact),
             ranked=[dict(kernel=e.config.name, estimate=e.value, model=e.model) for e in found["ranked"]],
             rejected=[dict(kernel=str(n), reason=why) for n, why in found["rejected"]]), indent=1))
         return 0
     print(f"problem  {problem.variant} {problem.m}x{problem.n}x{problem.k} {problem.dtype}->"
           f"{problem.out_dtype} {problem.layout} on {problem.target}")
-    print(f"tuned    {found['tuned'].name if found['tuned'] else '(no tuning-database entry)'}")
+    print(f"tuned    {found['tuned'] or '(no tuning-database entry near enough to decide)'}")
     print(f"chosen   {found['chosen'].name if found['chosen'] else '(none: no candidate)'}")
     print("ranked candidates (best first):")
     for i, e in enumerate(found["ranked"], 1):

@@ -137,12 +137,13 @@ class Dispatcher:
         return rank(problem, self.candidates(problem), self.manager.variant(problem.variant))
 
     def explain(self, problem) -> dict:
-        """What selection would do for `problem`, running nothing: the tuned
-        config (if any), the ranked candidates with their estimates, and the
+        """What selection would do for `problem`, running nothing: the
+        tuning database's `Winner` (if any: which tuned problem, own or
+        shipped), the ranked candidates with their estimates, and the
         rejected ones with the reason."""
         candidates, rejected = self.default_configs(problem)
         record = self.manager.variant(problem.variant)
-        tuned = self.tuning.lookup(problem, candidates) if self.tuning is not None else None
+        tuned = self.tuning.winner(problem) if self.tuning is not None else None
         chosen = self.hook.dispatcher_select_library(problem=problem, candidates=candidates,
                                                      tuning=self.tuning, record=record)
         return dict(problem=problem, tuned=tuned, chosen=chosen,

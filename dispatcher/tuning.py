@@ -26,6 +26,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import attrs
+
 from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
@@ -64,6 +66,21 @@ def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
             rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
                                                json.dumps(r["config"])))
     return rows
+
+
+@attrs.frozen
+class Winner:
+    """What decides a problem's kernel in a tuning database: the config, the
+    tuned problem it won (the problem itself, or its nearest neighbour),
+    and whether that row was shipped with the package."""
+    config: KernelConfig
+    problem: str
+    shipped: bool
+    exact: bool
+
+    def __str__(self):
+        return (f"{self.config.name} ({'shipped' if self.shipped else 'own'} winner of "
+                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem})")
 
 
 class TuningDatabase:
@@ -111,13 +128,18 @@ class TuningDatabase:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
     def lookup(self, problem, candidates=()):
-        """The tuned config for `problem`, or None: an exact entry (the
-        user's own before a shipped one), else the winner of the nearest
-        tuned problem within a factor `NEAREST_WITHIN` of each size (the
-        user's own, where any is that near). Equally near neighbours whose
-        winners disagree leave it to the selection model (1024^3 between
-        grid shapes of 512 and 2048: their four winners ran up to 13%
-        slower than the model's pick on the H100)."""
+        """The tuned config for `problem`, or None (`winner`)."""
+        found = self.winner(problem)
+        return found and found.config
+
+    def winner(self, problem) -> "Winner | None":
+        """The tuned entry that decides `problem`, or None: an exact entry
+        (the user's own before a shipped one), else the winner of the
+        nearest tuned problem within a factor `NEAREST_WITHIN` of each size
+        (the user's own, where any is that near). Equally near neighbours
+        whose winners disagree leave it to the selection model (1024^3
+        between grid shapes of 512 and 2048: their four winners ran up to
+        13% slower than the model's pick on the H100)."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
@@ -138,11 +160,11 @@ class TuningDatabase:
         if not usable:
             return None
         usable.sort(key=lambda u: u[:3])
-        nearest, shipped = usable[0][:2]  # the user's own first among the nearest: `shipped` 0 if any
-        if nearest < 0:
-            return usable[0][3]
+        nearest, shipped, tuned, config = usable[0]  # the user's own first among the nearest
         tied = {u[3].name for u in usable if u[0] <= nearest + 1e-9 and u[1] == shipped}
-        return usable[0][3] if len(tied) == 1 else None  # neighbours that disagree do not decide
+        if nearest >= 0 and len(tied) > 1:
+            return None  # neighbours that disagree do not decide
+        return Winner(config, tuned, bool(shipped), nearest < 0)
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has an entry of

@@ -314,6 +314,9 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     assert not fresh.has(problem)  # shipped rows are another machine's: autotune still measures
     assert fresh.lookup(problem) == shipped and fresh.lookup(far) == shipped  # exact, then nearest
     assert fresh.lookup(farther) is None and fresh.lookup(skewed) is None  # too far to say: the model ranks
+    decided = fresh.winner(far)  # what explain shows
+    assert (decided.config, decided.shipped, decided.exact) == (shipped, True, False)
+    assert decided.problem == tuning.problem_key(problem)[0] and decided.problem in str(decided)
     assert Dispatcher(tuning=fresh).select(problem) == shipped
     assert TuningDatabase(tmp_path / "fresh.sqlite", shipped=False).lookup(problem) is None
     fresh.record(far, own, 5.0)
