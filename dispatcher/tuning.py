@@ -5,7 +5,8 @@ One SQLite file (default `<build cache>/tuning.sqlite`), one row per
 fastest kernel's config and time. Writers from several processes are safe:
 WAL journal, a busy timeout, and an upsert that keeps the faster entry.
 `lookup` answers exactly tuned problems, else the nearest tuned problem of
-the same kind (log-distance of the sizes).
+the same kind within a factor 2 of each size (by the log-distance of the
+sizes).
 
 Shipped winners: `dispatcher/data/tuning/*.json` hold rows of the same
 kind, measured by the tile engine's catalog sweeps on a named GPU (each
@@ -31,6 +32,7 @@ import attrs
 from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
+from .files import read_json
 from .problem import unmet_fields
 
 _SCHEMA = """
@@ -61,10 +63,14 @@ def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
     layout) -> [(problem, size_a, size_b, size_c, config JSON), ...]."""
     rows: dict = {}
     for path in sorted(directory.glob("*.json")):
-        for r in json.loads(path.read_text())["rows"]:
-            scope = tuple(r[c] for c in _SCOPE)
-            rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
-                                               json.dumps(r["config"])))
+        try:
+            for r in read_json(path, "shipped tuning winners", DispatcherError)["rows"]:
+                scope = tuple(r[c] for c in _SCOPE)
+                rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
+                                                   json.dumps(r["config"])))
+        except (KeyError, TypeError) as e:
+            raise DispatcherError(f"shipped tuning winners {path} are not rows of `TuningDatabase.export` "
+                                  f"({type(e).__name__}: {e}); remove or rebuild the file") from None
     return rows
 
 

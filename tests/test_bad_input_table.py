@@ -155,6 +155,21 @@ def _read_only(ctx, folder: Path):
     ctx.cleanups.append(lambda: folder.chmod(0o755))
 
 
+def _shipped_tuning_corrupt(ctx):
+    """A file among the shipped tuning winners that `TuningDatabase.export`
+    did not write, not JSON or not its rows: a lookup names it."""
+    from dispatcher import tuning
+    from dispatcher.problem import GemmProblem
+    read = tuning.shipped_rows.__wrapped__
+    ctx.monkeypatch.setattr(tuning, "shipped_rows", lambda: read(ctx.tmp_path))
+    problem = GemmProblem(64, 64, 64, "fp32", "fp32", "rcr", "regular", "cpu")
+    (ctx.tmp_path / "winners.json").write_text("{bad")
+    with pytest.raises(errors.DispatcherError, match="winners.json is not valid JSON"):
+        tuning.TuningDatabase(ctx.tmp_path / "own.sqlite").lookup(problem)
+    (ctx.tmp_path / "winners.json").write_text('{"rows": [{"variant": "regular"}]}')
+    tuning.TuningDatabase(ctx.tmp_path / "own.sqlite").lookup(problem)
+
+
 def _cache_is_a_file(ctx):
     (ctx.tmp_path / "cache").write_text("")
     build.BuildCache(ctx.tmp_path / "cache")
@@ -503,6 +518,7 @@ CASES = {
     "compiler-rejects": _compiler_rejects,
     "cache-corrupt-entry": _cache_corrupt_entry,
     "cache-is-a-file": _cache_is_a_file,
+    "shipped-tuning-corrupt": _shipped_tuning_corrupt,
     "cache-read-only": _cache_read_only,
     "cache-no-home": _cache_no_home,
     "library-not-ours": each(
