@@ -161,4 +161,8 @@ def torch_test_configs() -> list:
 
 SETS["overhead"] = overhead_configs
 SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
+# What `gpu_session.sh tune` sweeps with TUNE_SPECS="$(cat benchmarks/sweeps/cuda_tuning_specs_full.txt)"
+# (a Linear's forward rcr, dX rrr and dW crr in bf16 and fp16, fp8 rcr) and cuda_gemm.py's fp8 part
+SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \
+    catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",))
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()

@@ -53,19 +53,21 @@ for step in "$@"; do
     overhead) timeout 400 python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead 2>&1 \
              | tee $OUT/call_overhead.log | tail -30 ;;
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
-    # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps over
-    # benchmarks/sweeps/cuda_tuning_grid*.json, exported with the GPU's name
+    # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps, one per
+    # TUNE_SPECS entry variant:dtype:layout:grid (grid: benchmarks/sweeps/<grid>.json; the default is
+    # the sm_90a.json of this repository; benchmarks/sweeps/cuda_tuning_specs_full.txt adds fp16, crr
+    # and fp8: build them first with BUILD_SET=tune), exported with the GPU's name
     tune) rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
-          for spec in regular:rcr:cuda_tuning_grid regular:rrr:cuda_tuning_grid stream_k:rcr:cuda_tuning_grid_stream_k; do
-            IFS=: read variant layout grid <<< "$spec"
-            timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --dtype bf16 \
+          for spec in ${TUNE_SPECS:-regular:bf16:rcr:cuda_tuning_grid regular:bf16:rrr:cuda_tuning_grid stream_k:bf16:rcr:cuda_tuning_grid_stream_k}; do
+            IFS=: read variant dtype layout grid <<< "$spec"
+            timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --dtype $dtype \
               --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
-              --out $R/.gpucache/sweeps/$variant-$layout --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
+              --out $R/.gpucache/sweeps/$variant-$dtype-$layout --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
           python3 -c "import sys, torch; from dispatcher.tuning import TuningDatabase; from dispatcher.targets import get; \
 print(TuningDatabase('$R/.gpucache/tuning.sqlite', shipped=False).export('$OUT/' + get('cuda').arch_id() + '.json', \
-'bf16 catalog sweeps on ' + torch.cuda.get_device_name() + ': ' + ' '.join(sys.argv[1:])), 'rows')" \
-            "bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --dtype bf16 --repeat ${TUNE_REPEAT:-15}; regular rcr and rrr over cuda_tuning_grid.json, stream_k rcr over cuda_tuning_grid_stream_k.json)" \
+'catalog sweeps on ' + torch.cuda.get_device_name() + ': ' + ' '.join(sys.argv[1:])), 'rows')" \
+            "bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
             | tee -a $OUT/tune.log ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
