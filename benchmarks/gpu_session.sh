@@ -64,10 +64,8 @@ for step in "$@"; do
               --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
               --out $R/.gpucache/sweeps/$variant-$dtype-$layout --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
-          python3 -c "import sys, torch; from dispatcher.tuning import TuningDatabase; from dispatcher.targets import get; \
-print(TuningDatabase('$R/.gpucache/tuning.sqlite', shipped=False).export('$OUT/' + get('cuda').arch_id() + '.json', \
-'catalog sweeps on ' + torch.cuda.get_device_name() + ': ' + ' '.join(sys.argv[1:])), 'rows')" \
-            "bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
+          python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
+            --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
             | tee -a $OUT/tune.log ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac

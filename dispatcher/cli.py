@@ -299,6 +299,22 @@ def cmd_report(args):
     return 0
 
 
+def cmd_export_tuning(args):
+    """This machine's tuning winners (its own rows, not the shipped ones) as
+    a file of shipped winners, for `dispatcher/data/tuning/`."""
+    import platform
+    import time
+    from .tuning import TuningDatabase
+    db = TuningDatabase.default()
+    if not db.entries():
+        raise DispatcherError(f"the tuning database {db.path} has no winners to export: run "
+                              "`gemm-dispatcher sweep` first")
+    about = args.about or (f"winners of {db.path} on {platform.node()}, "
+                           f"exported {time.strftime('%Y-%m-%d')}")
+    print(f"{db.export(args.out, about)} winners written to {args.out}")
+    return 0
+
+
 def _isa_spec(text: str) -> str:
     """--isa: a CPU ISA spec, in its canonical spelling."""
     from .targets import cpu_isa
@@ -503,6 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("results", help="a sweep --out folder or its results.csv")
     s.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("export-tuning", help="this machine's tuning winners as a file of shipped winners "
+                       "(dispatcher/data/tuning)")
+    s.add_argument("out", help="the JSON file to write, e.g. sm_90a.json")
+    s.add_argument("--about", help="what measured them: the GPU or CPU and the sweeps (default: the "
+                   "database, host and date)")
+    s.set_defaults(fn=cmd_export_tuning)
 
     s = sub.add_parser("migrate", help="CK legacy Tile Engine configs and kernel names -> gemm-dispatcher")
     s.add_argument("legacy", nargs="?", help="legacy TE / bridge / codegen config JSON")

@@ -340,6 +340,24 @@ def test_an_own_winner_as_near_as_a_shipped_one_comes_first(tmp_path, monkeypatc
     assert db.lookup(between) == large  # the user's own measurement, not a tie the model decides
 
 
+def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
+    env = {**os.environ, "DISPATCHER_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "winners.json"
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "dispatcher", "export-tuning", str(out), *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+    empty = export()
+    assert empty.returncode == 2 and "no winners to export" in empty.stderr and not out.exists()
+    db = TuningDatabase(tmp_path / "cache" / "tuning.sqlite")
+    config = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
+    db.record(GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), config, 1.0)
+    done = export("--about", "a test")
+    assert done.returncode == 0, done.stderr
+    written = json.loads(out.read_text())
+    assert written["about"] == "a test" and [r["kernel"] for r in written["rows"]] == [config.name]
+
+
 def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
     """dispatcher/data/tuning is data versioned with the kernels it names:
     a plugin or schema change that makes a row stale fails here, before a
