@@ -18,7 +18,8 @@ that name in a writable section, the file's layout matching the loaded
 image (an exported function's address is the image's base plus the
 file's offset for it) and the value what OpenBLAS itself puts there (2^k
 cycles, k in 4..30). Anything else is left alone, as before. A value the
-user set in the environment is never overridden.
+user set in the environment is never overridden; the variable, once set,
+is inherited by child processes too (their OpenBLAS spins as briefly).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def spin_variable(path: str):
         if base is None or exported - entry != base:
             return None  # the file on disk is not the image loaded (replaced since?)
         return ctypes.c_uint32.from_address(base + offset)
-    except (OSError, AttributeError, ValueError, struct.error):
+    except (OSError, AttributeError, ValueError, IndexError, struct.error):  # a truncated or odd file
         return None
 
 

@@ -306,12 +306,13 @@ def cmd_export_tuning(args):
     import time
     from .tuning import TuningDatabase
     db = TuningDatabase.default()
-    if not db.entries():
-        raise DispatcherError(f"the tuning database {db.path} has no winners to export: run "
+    if not db.entries(args.target):
+        raise DispatcherError(f"the tuning database {db.path} has no winners"
+                              f"{' for target ' + args.target if args.target else ''} to export: run "
                               "`gemm-dispatcher sweep` first")
     about = args.about or (f"winners of {db.path} on {platform.node()}, "
                            f"exported {time.strftime('%Y-%m-%d')}")
-    print(f"{db.export(args.out, about)} winners written to {args.out}")
+    print(f"{db.export(args.out, about, args.target)} winners written to {args.out}")
     return 0
 
 
@@ -525,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out", help="the JSON file to write, e.g. sm_90a.json")
     s.add_argument("--about", help="what measured them: the GPU or CPU and the sweeps (default: the "
                    "database, host and date)")
+    s.add_argument("--target", choices=("cpu", "cuda"), help="only this target's winners (default: all)")
     s.set_defaults(fn=cmd_export_tuning)
 
     s = sub.add_parser("migrate", help="CK legacy Tile Engine configs and kernel names -> gemm-dispatcher")

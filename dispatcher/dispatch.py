@@ -276,7 +276,8 @@ class Dispatcher:
 
     def autotune_if_new(self, problem, operands, options=None):
         """`autotune` the first time `problem` is seen: not yet selected in
-        this process and without an exact tuning-database entry."""
+        this process and without an exact tuning-database entry of this
+        machine's own (shipped winners were measured on another card)."""
         if problem not in self._ready and self.tuning is not None and not self.tuning.has(problem):
             self.autotune(problem, operands, options)
 

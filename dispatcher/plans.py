@@ -27,7 +27,7 @@ import numpy as np
 
 from . import dispatch, kinds, plugins, targets
 from .errors import AliasingError, ProblemError
-from .library import GemmArgs, GroupedMmArgs, bound_gemm_args, data_pointer, gemm_args, grouped_mm_args
+from .library import GroupedMmArgs, bound_gemm_args, data_pointer, gemm_args, grouped_mm_args
 from .memory import span
 from .problem import ArraySpec, StackedOperands, _integer_output_scalars, check_offsets
 from .workspace import WORKSPACES

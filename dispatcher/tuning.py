@@ -55,6 +55,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # GEMV is no 512-wide GEMM) and the selection model ranks instead.
 NEAREST_WITHIN = 2
 _SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
+_COLUMNS = (*_SCOPE, "problem", "size_a", "size_b", "size_c", "kernel", "config", "latency_ms", "source",
+            "updated")  # the winners table's, in order
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,8 +68,11 @@ def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
         try:
             for r in read_json(path, "shipped tuning winners", DispatcherError)["rows"]:
                 scope = tuple(r[c] for c in _SCOPE)
-                rows.setdefault(scope, []).append((r["problem"], r["size_a"], r["size_b"], r["size_c"],
-                                                   json.dumps(r["config"])))
+                sizes = (r["size_a"], r["size_b"], r["size_c"])
+                if not isinstance(r["problem"], str) or not isinstance(r["config"], dict) or \
+                        not all(type(x) in (int, float) for x in sizes):
+                    raise TypeError(f"a row's problem, sizes or config of the wrong type: {r!r:.200}")
+                rows.setdefault(scope, []).append((r["problem"], *sizes, json.dumps(r["config"])))
         except (KeyError, TypeError) as e:
             raise DispatcherError(f"shipped tuning winners {path} are not rows of `TuningDatabase.export` "
                                   f"({type(e).__name__}: {e}); remove or rebuild the file") from None
@@ -133,7 +138,7 @@ class TuningDatabase:
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def lookup(self, problem, candidates=()):
+    def lookup(self, problem):
         """The tuned config for `problem`, or None (`winner`)."""
         found = self.winner(problem)
         return found and found.config
@@ -165,23 +170,21 @@ class TuningDatabase:
                 usable.append((distance, shipped, row[0], config))
         if not usable:
             return None
-        usable.sort(key=lambda u: u[:3])
-        nearest, shipped, tuned, config = usable[0]  # the user's own first among the nearest
-        tied = {u[3].name for u in usable if u[0] <= nearest + 1e-9 and u[1] == shipped}
-        if nearest >= 0 and len(tied) > 1:
+        least = min(u[0] for u in usable)
+        # the equally near (to rounding), the user's own first among them
+        nearest = sorted((u for u in usable if u[0] <= least + 1e-9), key=lambda u: u[1:3])
+        distance, shipped, tuned, config = nearest[0]
+        if distance >= 0 and len({u[3].name for u in nearest if u[1] == shipped}) > 1:
             return None  # neighbours that disagree do not decide
-        return Winner(config, tuned, bool(shipped), nearest < 0)
+        return Winner(config, tuned, bool(shipped), distance < 0)
 
     def has(self, problem) -> bool:
-        """Whether `problem` itself (not a nearest neighbour) has an entry of
-        this database's own, measured here: autotune asks, and tunes a
-        problem that only shipped winners (of another card) cover."""
-        key, _ = problem_key(problem)
-        if not self.path.exists():
-            return False
-        return bool(self._select("SELECT 1 FROM winners WHERE variant=? AND target=? AND arch=? AND "
-                                 "dtype=? AND out_dtype=? AND layout=? AND problem=?",
-                                 (*self._scope(problem), key)))
+        """Whether `problem` itself (not a nearest neighbour) has a usable
+        entry of this database's own, measured here: autotune asks, and
+        tunes a problem that only shipped winners (of another card) or a
+        stale row of its own cover."""
+        found = self.winner(problem)
+        return found is not None and found.exact and not found.shipped
 
     def _select(self, sql: str, parameters) -> list:
         """The rows of one query, or DispatcherError if the file is not a
@@ -192,20 +195,20 @@ class TuningDatabase:
         except sqlite3.DatabaseError as e:
             raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
 
-    def export(self, path, about: str) -> int:
-        """Write this database's rows to a JSON file of shipped winners
-        (`SHIPPED_DIR`); about: the GPU or CPU and the commands that
-        measured them. Returns the row count."""
-        rows = [{**r, "config": json.loads(r["config"])} for r in self.entries()]
+    def export(self, path, about: str, target: str | None = None) -> int:
+        """Write this database's rows (of `target` only, if given) to a JSON
+        file of shipped winners (`SHIPPED_DIR`); about: the GPU or CPU and
+        the commands that measured them. Returns the row count."""
+        rows = [{**r, "config": json.loads(r["config"])} for r in self.entries(target)]
         path = Path(path)
         partial = path.with_name(f".{path.name}.partial")
         partial.write_text(json.dumps({"about": about, "rows": rows}, indent=1) + "\n")
         partial.replace(path)  # whole or not at all
         return len(rows)
 
-    def entries(self) -> list:
+    def entries(self, target: str | None = None) -> list:
+        """The database's own rows as dicts (of `target` only, if given)."""
         if not self.path.exists():
             return []
-        with self._connect() as con:
-            con.row_factory = sqlite3.Row
-            return [dict(r) for r in con.execute("SELECT * FROM winners ORDER BY variant, problem")]
+        rows = self._select("SELECT * FROM winners ORDER BY variant, problem", ())
+        return [row for row in (dict(zip(_COLUMNS, r)) for r in rows) if target in (None, row["target"])]

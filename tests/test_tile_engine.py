@@ -325,19 +325,45 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     assert fresh.has(problem) and fresh.lookup(problem) == own  # the user's own exact entry first
 
 
-def test_an_own_winner_as_near_as_a_shipped_one_comes_first(tmp_path, monkeypatch):
+@pytest.mark.parametrize("own_m, m, shipped_m", [(200, 300, 450), (16, 24, 36), (8, 12, 18)])
+def test_an_own_winner_as_near_as_a_shipped_one_comes_first(own_m, m, shipped_m, tmp_path, monkeypatch):
+    """1.5x either way: equally near, whatever the rounding of the two
+    log-distances (16, 24, 36 differ in their last bit)."""
     from dispatcher import tuning
     small = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
-    source.record(GemmProblem(450, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
+    source.record(GemmProblem(shipped_m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
     source.export(tmp_path / "cpu.json", "a test")
     read = tuning.shipped_rows.__wrapped__
     monkeypatch.setattr(tuning, "shipped_rows", lambda: read(tmp_path))
     db = TuningDatabase(tmp_path / "own.sqlite")
-    db.record(GemmProblem(200, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
-    between = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 1.5x from either
+    db.record(GemmProblem(own_m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
+    between = GemmProblem(m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
     assert db.lookup(between) == large  # the user's own measurement, not a tie the model decides
+
+
+def test_a_stale_row_of_ones_own_does_not_stop_autotune(tmp_path, monkeypatch):
+    """An own exact row whose config no longer builds is skipped by lookups,
+    and `has` (autotune's question) says no, so the problem is measured again."""
+    import sqlite3
+    db = TuningDatabase(tmp_path / "own.sqlite", shipped=False)
+    problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
+    db.record(problem, dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32), 1.0)
+    assert db.has(problem)
+    with sqlite3.connect(db.path) as con:
+        con.execute("UPDATE winners SET config = ?", (json.dumps({"variant": "regular", "tile_q": 3}),))
+    assert db.lookup(problem) is None and not db.has(problem)
+
+
+def test_shipped_rows_of_the_wrong_types_are_a_dispatcher_error(tmp_path):
+    from dispatcher import tuning
+    row = {"variant": "regular", "target": "cpu", "arch": "cpu-x", "dtype": "fp32", "out_dtype": "fp32",
+           "layout": "rrr", "problem": "1x1x1", "size_a": 1, "size_b": 1, "size_c": 1, "config": {}}
+    for bad in ({"size_a": "64"}, {"config": "x"}, {"config": None}, {"problem": 7}):
+        (tmp_path / "w.json").write_text(json.dumps({"rows": [{**row, **bad}]}))
+        with pytest.raises(errors.DispatcherError, match="w.json are not rows"):
+            tuning.shipped_rows.__wrapped__(tmp_path)
 
 
 def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
@@ -356,6 +382,9 @@ def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
     assert done.returncode == 0, done.stderr
     written = json.loads(out.read_text())
     assert written["about"] == "a test" and [r["kernel"] for r in written["rows"]] == [config.name]
+    out.unlink()
+    other = export("--target", "cuda")  # this database holds cpu winners only
+    assert other.returncode == 2 and "no winners for target cuda" in other.stderr and not out.exists()
 
 
 def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
