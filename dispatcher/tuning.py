@@ -55,8 +55,6 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # GEMV is no 512-wide GEMM) and the selection model ranks instead.
 NEAREST_WITHIN = 2
 _SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
-_COLUMNS = (*_SCOPE, "problem", "size_a", "size_b", "size_c", "kernel", "config", "latency_ms", "source",
-            "updated")  # the winners table's, in order
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,11 +184,14 @@ class TuningDatabase:
         found = self.winner(problem)
         return found is not None and found.exact and not found.shipped
 
-    def _select(self, sql: str, parameters) -> list:
-        """The rows of one query, or DispatcherError if the file is not a
-        readable database."""
+    def _select(self, sql: str, parameters, named: bool = False) -> list:
+        """The rows of one query (`named`: as dicts of the table's column
+        names), or DispatcherError if the file is not a readable database."""
         try:
             with self._connect() as con:
+                if named:
+                    con.row_factory = sqlite3.Row
+                    return [dict(r) for r in con.execute(sql, parameters)]
                 return con.execute(sql, parameters).fetchall()
         except sqlite3.DatabaseError as e:
             raise DispatcherError(f"tuning database {self.path} is unreadable: {e}") from None
@@ -210,5 +211,5 @@ class TuningDatabase:
         """The database's own rows as dicts (of `target` only, if given)."""
         if not self.path.exists():
             return []
-        rows = self._select("SELECT * FROM winners ORDER BY variant, problem", ())
-        return [row for row in (dict(zip(_COLUMNS, r)) for r in rows) if target in (None, row["target"])]
+        return self._select("SELECT * FROM winners WHERE ? IS NULL OR target = ? ORDER BY variant, problem",
+                            (target, target), named=True)
