@@ -251,7 +251,6 @@ class Plan(_Launches):
                 or None in slots[:2] + slots[3:] or sorted(given) != sorted(order):
             return None
         entry, template, library, workspace = self._direct
-        template = bound_gemm_args(template, (0,) * len(slots), scalars, ())
         ia, ib = order.index(slots[0]), order.index(slots[1])
         extras = tuple(order.index(name) for name in slots[3:])  # where the extra operands are in a call
         stream, new_result = self.options.get("stream", 0), self._new_result
@@ -284,8 +283,8 @@ class Plan(_Launches):
         # kernel) can repoint the block a kernel is about to read.
         blocks = threading.local()
 
-        def new_block():
-            args = bound_gemm_args(template, (0,) * (3 + len(extras)), scalars, ())
+        def new_block():  # the plan's template with these scalars, its extra operands' array its own
+            args = bound_gemm_args(template, (0,) * len(slots), scalars, ())
             return args, [args._extra[i] for i in range(len(extras))]
 
         def run(*arrays):
