@@ -25,6 +25,7 @@ is inherited by child processes too (their OpenBLAS spins as briefly).
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import struct
 import sys
@@ -100,25 +101,31 @@ def elf_symbols(path: str, names) -> dict:
     """{name: [(value, size, type, in a writable section), ...]} of the
     symbol-table entries `names` of a little-endian ELF64 file (its .symtab:
     local symbols included; every entry of a name, in table order); {} for
-    any other file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return {}
-    wanted = {n.encode() for n in names}
-    section_offset, = struct.unpack_from("<Q", data, 0x28)
-    entry_size, count = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
-    found: dict = {}
-    for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
-        if kind != 2 or not symbol_size:  # SHT_SYMTAB
-            continue
-        strings = sections[link][4]
-        for at in range(offset, offset + size, symbol_size):
-            name, info, _, section, value, length = struct.unpack_from("<IBBHQQ", data, at)
-            start = strings + name
-            symbol = data[start:data.index(b"\0", start)]
-            if symbol in wanted:
-                writable = 0 < section < count and bool(sections[section][2] & _WRITE)
-                found.setdefault(symbol.decode(), []).append((value, length, info & 0xF, writable))
-    return found
+    any other file. Read at import time, so the file is mapped, not read,
+    and the string table is searched for the names once instead of every
+    symbol's name being read (numpy's OpenBLAS has tens of thousands)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return {}
+        section_offset, = struct.unpack_from("<Q", data, 0x28)
+        entry_size, count = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size)
+                    for i in range(count)]
+        found: dict = {}
+        for _, kind, _, _, offset, size, link, _, _, symbol_size in sections:
+            if kind != 2 or symbol_size != 24:  # SHT_SYMTAB of ELF64 entries
+                continue
+            strings, strings_size = sections[link][4], sections[link][5]
+            at_name = {}  # string-table offset -> name (a name may end a longer one: shared suffixes)
+            for name in names:
+                text, start = name.encode() + b"\0", strings
+                while (start := data.find(text, start, strings + strings_size)) >= 0:
+                    at_name[start - strings] = name
+                    start += 1
+            for name_at, info, _, section, value, length in struct.iter_unpack("<IBBHQQ",
+                                                                              data[offset:offset + size]):
+                name = at_name.get(name_at)
+                if name is not None:
+                    writable = 0 < section < count and bool(sections[section][2] & _WRITE)
+                    found.setdefault(name, []).append((value, length, info & 0xF, writable))
+        return found
