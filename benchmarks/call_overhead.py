@@ -11,6 +11,10 @@ replayed), so it says which of the two limits the call.
 Parts (`--only`):
   cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
                dispatcher.matmul, a held dispatcher.plan
+  cpu_torch    (torch) fp32 CPU tensors, 16 x 64 @ 64 x 64: torch.matmul
+               against dispatcher.torch.gemm, nn.Linear against
+               dispatcher.torch.Linear, forward (no grad) and forward+backward:
+               the torch ops' host work, on a machine without a GPU
   cpu_coexist  fp32 1024^3 and 2048^3: numpy and dispatcher.gemm each alone
                and alternating call by call, as user code mixes them, in
                rounds in one process per setting (numpy imported first; the
@@ -23,7 +27,7 @@ Parts (`--only`):
                GEMM + bias + GELU (fused) against torch.addmm + gelu; an
                unaligned GEMM against torch.matmul
 
-    python benchmarks/call_overhead.py --only cpu_call,cpu_coexist
+    python benchmarks/call_overhead.py --only cpu_call,cpu_torch,cpu_coexist
     python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead
 """
 
@@ -114,6 +118,36 @@ def cpu_call(args) -> dict:
     print("cpu 16^3 fp32, us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
     return {"shape": [16, 16, 16], "us_per_call": us,
             "ratio_to_numpy": {k: v / us["numpy"] for k, v in us.items()}}
+
+
+def cpu_torch(args) -> dict:
+    import torch
+    import dispatcher.torch as dt
+    torch.manual_seed(0)
+    x = torch.randn(16, 64)
+    reference = torch.nn.Linear(64, 64)
+    ours = dt.Linear.from_linear(reference)
+    w = reference.weight.detach()
+    leaf = x.clone().requires_grad_()
+
+    def no_grad(fn):
+        def call():
+            with torch.no_grad():
+                fn()
+        return call
+    pairs = {"gemm": (lambda: torch.matmul(x, w.t()), lambda: dt.gemm(x, w.t())),
+             "Linear forward": (no_grad(lambda: reference(x)), no_grad(lambda: ours(x))),
+             "Linear forward+backward": (lambda: reference(leaf).sum().backward(),
+                                         lambda: ours(leaf).sum().backward())}
+    rows = {}
+    for name, (baseline, fn) in pairs.items():
+        # rounds alternate the two, so a slow phase of the host falls on both
+        times = [(per_call(baseline, args.calls, 1), per_call(fn, args.calls, 1)) for _ in range(args.repeat)]
+        base, mine = (float(np.median([t[i] for t in times])) for i in (0, 1))
+        rows[name] = {"torch_us": base, "ours_us": mine, "ratio": mine / base}
+    print("cpu torch fp32 16x64x64, us per call (torch / ours): " +
+          ", ".join(f"{k} {v['torch_us']:.1f} / {v['ours_us']:.1f}" for k, v in rows.items()))
+    return {"shape": [16, 64, 64], "rows": rows}
 
 
 def _one_process(n: int, calls: int, repeat: int) -> dict:
@@ -254,7 +288,7 @@ def gpu_call(args) -> dict:
     return out
 
 
-PARTS = {"cpu_call": cpu_call, "cpu_coexist": cpu_coexist, "gpu_call": gpu_call}
+PARTS = {"cpu_call": cpu_call, "cpu_torch": cpu_torch, "cpu_coexist": cpu_coexist, "gpu_call": gpu_call}
 
 
 def plot(results: dict, path: Path):
@@ -264,6 +298,7 @@ def plot(results: dict, path: Path):
     bars = []
     if "cpu_call" in results:
         bars += [(f"cpu 16^3 {k}", v) for k, v in results["cpu_call"]["ratio_to_numpy"].items() if k != "numpy"]
+    bars += [(f"cpu torch {k}", v["ratio"]) for k, v in results.get("cpu_torch", {}).get("rows", {}).items()]
     for row in results.get("cpu_coexist", {}).get("rows", []):
         bars += [(f"cpu {row['n']}^3 {k} alternating/alone ({row.get('openblas', 'OpenBLAS default')})", v)
                  for k, v in row["alternating_over_alone"].items()]

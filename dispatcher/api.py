@@ -140,7 +140,7 @@ _PLAIN_TENSORS = []  # torch.Tensor and torch.nn.Parameter, once a tensor is see
 
 
 def _plain_tensor_types() -> tuple:
-    """The torch types `_operands_key` takes: tensors and Parameters (an
+    """The torch types `operands_key` takes: tensors and Parameters (an
     nn.Linear's bias), not subclasses that change what a call means."""
     if not _PLAIN_TENSORS:
         import torch
@@ -189,7 +189,7 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
     if made.problem is not None and session.in_place and "stream" not in (options or {}):
         # calls on arrays like these may go straight to the plan's runner
         held.order = tuple(n for n in held.names if operands.get(n) is not None)
-        held.key = _operands_key(*(operands[n] for n in held.order))
+        held.key = operands_key(*(operands[n] for n in held.order))
         held.scalars = core
     return held
 
@@ -204,20 +204,50 @@ class HeldPlan:
         self.names = tuple(o.name for o in kinds.operands_of(record))
         self.params = params
         self.beta_given = kinds.scalars(record, params)[0][1] != 0
-        # (operand names, `_operands_key`, core scalars) of the planned call, where its
+        # (operand names, `operands_key`, core scalars) of the planned call, where its
         # runner may run calls with the same arrays' specs and no new scalars
         self.order = self.key = self.scalars = None
+        self._runner = None  # (the plan's runners memo, the runner taken from it)
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
 
+    def runner(self):
+        """The fewest steps a call of the plan can take: a function of
+        arrays passed in `order`, with the planned shapes, strides, dtypes
+        and memory, which it does not check (the caller knows them, e.g.
+        by the `operands_key` it found this plan by), that binds them and
+        runs the kernel; its result is of the kind its first array is (a
+        numpy array, or a tensor on that tensor's device). None until a
+        first call has bound the kernel, where calls cannot go straight to
+        it (staged operands, a beta), or once a plugin registration
+        changed what the hook chain would choose."""
+        plan = self.plan
+        if self.order is None or not plan.current(self.dispatcher):
+            return None
+        kept = self._runner
+        if kept is not None and kept[0] is plan.runners:  # still the plan's binding (it rebinds into a new dict)
+            return kept[1]
+        found = plan.runner(self.order, self.scalars)
+        self._runner = None if found is None else (plan.runners, found)
+        return found
+
+    def _planned_arrays(self, operands: tuple, arguments: dict):
+        """A call's arrays in `order` where it passes exactly the planned
+        operands and nothing else, else None."""
+        if not arguments and len(operands) == len(self.order) and self.order == self.names[:len(operands)]:
+            return operands  # positional in the declared order: the commonest call, as it is
+        if len(operands) > len(self.names):
+            return None
+        given = {**arguments, **dict(zip(self.names, operands))}
+        arrays = [given.get(n) for n in self.order]
+        return arrays if len(given) == len(arrays) else None
+
     def __call__(self, *operands, **arguments):
-        if self.key is not None and len(operands) <= len(self.names):
-            given = {**arguments, **dict(zip(self.names, operands))} if arguments else dict(zip(self.names, operands))
-            arrays = [given.get(n) for n in self.order]
-            if len(given) == len(arrays) and _operands_key(*arrays) == self.key \
-                    and self.plan.current(self.dispatcher):
-                runner = self.plan.runner(self.order, self.scalars)
+        if self.key is not None:
+            arrays = self._planned_arrays(operands, arguments)
+            if arrays is not None and operands_key(*arrays) == self.key:
+                runner = self.runner()
                 if runner is not None:
                     return runner(*arrays)
         if len(operands) > len(self.names):
@@ -274,12 +304,12 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
     if plain:  # the commonest call: its key is its operands' (shared with matmul(a, b))
-        key = _operands_key(a, b)
+        key = operands_key(a, b)
     elif c is None and config is None and options is None and type(alpha) is float and type(beta) is float \
             and beta == 0.0:  # a call whose other arguments only decide its plan: they are in its key
-        key = _operands_key(a, b) if out is None else _operands_key(a, b, out)
+        key = operands_key(a, b) if out is None else operands_key(a, b, out)
         if key is not None:
-            key = ("gemm", _exact(alpha), out_dtype, variant, target, strict, autotune, id(dispatcher), key)
+            key = ("gemm", exact_key(alpha), out_dtype, variant, target, strict, autotune, id(dispatcher), key)
     else:
         key = None
     if key is not None and not a.ndim == b.ndim == 2:  # matmul's batched pairs are not gemm's
@@ -308,7 +338,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
 # ones have more dims, which gemm refuses), `gemm` with an out, target,
 # dispatcher, alpha, out_dtype, strict or autotune (all in its key),
 # `matmul` with a bias, an activation or an out, `run` with only operands,
-# variant values and float scalars (see `_operands_key`). Each key maps to
+# variant values and float scalars (see `operands_key`). Each key maps to
 # (plan, operand order, core scalars, the dispatcher given or None), and
 # the plan's runner for that order and those scalars runs the call, so
 # that such a call costs a key, a lookup and the runner.
@@ -325,7 +355,7 @@ def _remember(key, plan, order: tuple, scalars: tuple, dispatcher):
         _RUNNERS[key] = (plan, order, scalars, dispatcher)
 
 
-def _exact(x: float):
+def exact_key(x: float):
     """A float as a part of a key: -0.0 apart from 0.0 (equal as keys, not as
     alphas: the sign of zero results), and NaN equal to NaN."""
     return x if x and x == x else repr(x)
@@ -340,11 +370,13 @@ def _runner(key):
     return found[0].runner(found[1], found[2])
 
 
-def _operands_key(*arrays):
+def operands_key(*arrays):
     """What a plain call's plan depends on, read straight off its operands,
-    all numpy arrays or all torch CUDA tensors of one device (shapes,
-    strides, dtypes; for tensors the device, the current stream and each
-    address's alignment class); None for anything else."""
+    all numpy arrays, all torch CPU tensors or all torch CUDA tensors of one
+    device (shapes, strides, dtypes; for CUDA tensors the device, the
+    current stream and each address's alignment class); None for anything
+    else. (The cpu target takes numpy arrays: CPU tensors have keys for
+    `dispatcher.torch`, which runs their plans on numpy views of them.)"""
     kind = type(arrays[0])
     if kind is np.ndarray:
         if len(arrays) == 2:  # gemm(a, b) and matmul(a, b): the commonest, spelled out
@@ -358,7 +390,16 @@ def _operands_key(*arrays):
         return None
     plain = _plain_tensor_types()
     first = arrays[0]
-    if kind not in plain or not first.is_cuda:
+    if kind not in plain:
+        return None
+    if first.is_cpu:
+        key = ["cpu"]
+        for x in arrays:
+            if type(x) not in plain or not x.is_cpu:
+                return None
+            key.append((x.shape, x.stride(), x.dtype))
+        return tuple(key)
+    if not first.is_cuda:
         return None
     device = first.get_device()
     stream = _torch_stream(device)
@@ -425,13 +466,13 @@ def _plain_run_key(variant: str, arguments: dict):
         if kind is str or x is None:
             values.append((name, x))
         elif kind is float:
-            values.append((name, _exact(x)))
+            values.append((name, exact_key(x)))
         else:
             order.append(name)
             arrays.append(x)
     if not order:
         return None
-    key = _operands_key(*arrays)
+    key = operands_key(*arrays)
     order = tuple(order)
     return None if key is None else (("run", variant, order, tuple(values), key), order, arrays)
 
@@ -453,7 +494,7 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     if defaults and (activation is None or type(activation) is str):
         extra = (() if bias is None else (bias,)) + (() if out is None else (out,))  # the arrays after a, b
         order = ("a", "b") + (() if bias is None else ("bias",)) + (() if out is None else ("out",))
-        key = _operands_key(a, b, *extra)
+        key = operands_key(a, b, *extra)
         if key is not None and len(order) + (activation is not None) > 2:  # else the plain call: gemm(a, b)'s key
             key = ("matmul", activation, order, key)
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
@@ -534,9 +575,9 @@ def grouped_mm(a, b, offsets, *, out_dtype=None, alpha=1.0, target="auto", confi
     """
     key = None
     if config is None and options is None and type(alpha) is float:  # the other arguments only decide its plan
-        key = _operands_key(a, b, offsets)
+        key = operands_key(a, b, offsets)
         if key is not None:
-            key = ("grouped_mm", variant, out_dtype, _exact(alpha), target, autotune, id(dispatcher), key)
+            key = ("grouped_mm", variant, out_dtype, exact_key(alpha), target, autotune, id(dispatcher), key)
     try:
         runner = _runner(key)
     except TypeError:  # an unhashable argument: the general path says what is wrong with it

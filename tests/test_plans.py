@@ -96,7 +96,7 @@ def test_plain_gemm_calls_run_their_plans_pair_runner_with_the_plain_scalars(rng
     for _ in range(2):
         a2 = random_matrix(37, 29, "fp32", "r", rng)
         assert max_rel(dispatcher.gemm(a2, b), reference(a2, b)) <= 1e-5
-    key = api._operands_key(a, b)
+    key = api.operands_key(a, b)
     plan = api._RUNNERS[key][0]
     runner, ran = plan.runners[PLAIN], []
     monkeypatch.setitem(plan.runners, PLAIN, lambda x, y: ran.append(1) or runner(x, y))
@@ -203,10 +203,10 @@ def test_plain_matmul_calls_run_the_pair_runner_of_their_plan(rng):
         for _ in range(3):  # the first call plans and binds; the others run the pair runner
             a2 = rng.standard_normal(shape_a).astype(np.float32)
             assert max_rel(dispatcher.matmul(a2, b), np.matmul(a2.astype(np.float64), b)) <= 1e-5
-        assert (api._operands_key(a, b) in api._RUNNERS) == (len(shape_a) > 1), (shape_a, shape_b)
+        assert (api.operands_key(a, b) in api._RUNNERS) == (len(shape_a) > 1), (shape_a, shape_b)
     a, b = rng.standard_normal((19, 23)).astype(np.float32), rng.standard_normal((23, 11)).astype(np.float32)
-    plan = api._RUNNERS[api._operands_key(a, b)][0]
-    assert dispatcher.gemm(a, b).shape == (19, 11) and api._RUNNERS[api._operands_key(a, b)][0] is plan  # gemm's too
+    plan = api._RUNNERS[api.operands_key(a, b)][0]
+    assert dispatcher.gemm(a, b).shape == (19, 11) and api._RUNNERS[api.operands_key(a, b)][0] is plan  # gemm's too
     assert max_rel(dispatcher.matmul(a, b, alpha=2.0), 2 * reference(a, b)) <= 1e-5  # its own scalars
     batched = rng.standard_normal((3, 19, 23)).astype(np.float32)
     dispatcher.matmul(batched, batched[0].T.copy())  # a batched pair, with 3-D and 2-D keys
@@ -224,7 +224,7 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
     a, b = random_matrix(21, 13, "fp32", "r", rng), random_matrix(13, 9, "fp32", "r", rng)
     for _ in range(2):
         dispatcher.gemm(a, b)
-    plan = api._RUNNERS[api._operands_key(a, b)][0]
+    plan = api._RUNNERS[api.operands_key(a, b)][0]
     before = plan.runners.get(PLAIN)
     assert before is not None
 
@@ -235,7 +235,7 @@ def test_a_plain_calls_runner_is_dropped_when_its_plan_chooses_again(rng):
     try:
         for _ in range(2):
             assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-5
-        now = api._RUNNERS[api._operands_key(a, b)][0]
+        now = api._RUNNERS[api.operands_key(a, b)][0]
         assert now.runners.get(PLAIN) is not None and now.runners[PLAIN] is not before
     finally:
         manager.unregister(name="nothing-test-plugin")
@@ -374,8 +374,8 @@ def test_fused_matmul_and_run_calls_take_their_own_runners(monkeypatch, rng):
     for _ in range(3):  # the first call plans and binds; the others run the runner
         assert max_rel(dispatcher.matmul(a, b, bias=bias, activation="relu"), want["relu"]) <= 1e-5
         assert max_rel(dispatcher.run("regular", a=a, b=b, bias=bias), want["none"]) <= 1e-5
-    relu = api._RUNNERS[("matmul", "relu", ("a", "b", "bias"), api._operands_key(a, b, bias))]
-    plain = api._RUNNERS[("run", "regular", ("a", "b", "bias"), (), api._operands_key(a, b, bias))]
+    relu = api._RUNNERS[("matmul", "relu", ("a", "b", "bias"), api.operands_key(a, b, bias))]
+    plain = api._RUNNERS[("run", "regular", ("a", "b", "bias"), (), api.operands_key(a, b, bias))]
     assert relu[0] is not plain[0] and relu[1] == plain[1] == ("a", "b", "bias")
     ran = []
     runner = relu[0].runner(relu[1], relu[2])

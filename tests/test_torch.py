@@ -15,7 +15,9 @@ torch = pytest.importorskip("torch")
 import dispatcher  # noqa: E402
 from conftest import train_losses  # noqa: E402
 import dispatcher.torch as dt  # noqa: E402
+from dispatcher.torch import ops  # noqa: E402
 from dispatcher import dtypes  # noqa: E402
+from dispatcher.plugins import get_manager  # noqa: E402
 from dispatcher.torch.tensors import host_view, token  # noqa: E402
 from dispatcher.verify import max_rel, reference  # noqa: E402
 
@@ -161,14 +163,62 @@ def test_backward_reads_transposed_views_without_copies(monkeypatch):
     a, w = _leaves(matrix(16, 32, "fp32", "r", 1), matrix(8, 32, "fp32", "r", 2))
     out = dt.gemm(a, w.t())
     grad = matrix(16, 8, "fp32", "r", 3)
-    seen, gemm = [], dispatcher.gemm
-    monkeypatch.setattr(dispatcher, "gemm", lambda x, y, **kw: seen.append((x, y)) or gemm(x, y, **kw))
+    seen, planned = [], ops._planned
+    monkeypatch.setattr(ops, "_planned", lambda key, variant, operands, **kw:
+                        seen.append(operands) or planned(key, variant, operands, **kw))
     out.backward(grad)
     buffers = [host_view(t) for t in (a, w, grad)]
     assert len(seen) == 2
-    for x, y in seen:  # every operand is a view of a, w or grad
-        for operand in (x, y):
-            assert any(np.shares_memory(operand, buf) for buf in buffers)
+    for operands in seen:  # every operand is a view of a, w or grad
+        for operand in (operands["a"], operands["b"]):
+            assert any(np.shares_memory(host_view(operand), buf) for buf in buffers)
+
+
+def test_warm_op_calls_run_their_held_plan_on_the_tensors(monkeypatch):
+    """The first eager call of a kind plans it, once; later ones run the
+    plan's runner on the tensors themselves (no numpy view, no new plan),
+    right against the float64 reference; a new shape, stride or dtype
+    plans again, and so does every kind after a plugin registration."""
+    monkeypatch.setattr(ops, "_HELD", {})
+    made, views = [], []
+    plan, for_target = dispatcher.plan, ops.for_target
+    monkeypatch.setattr(dispatcher, "plan", lambda *x, **kw: made.append(x) or plan(*x, **kw))
+    monkeypatch.setattr(ops, "for_target", lambda t, target: views.append(t) or for_target(t, target))
+    a, w, bias = matrix(24, 40, "fp32", "r", 1), matrix(16, 40, "fp32", "r", 2), matrix(1, 16, "fp32", "r", 3)[0]
+    linear = torch.nn.Linear(40, 16)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        linear.bias.copy_(bias)
+    layer = dt.Linear.from_linear(linear)
+
+    def check(x, calls):
+        for _ in range(calls):
+            assert max_rel(dt.gemm(x, w.t()), reference(f64(x), f64(w).T)) <= 1e-5
+            with torch.no_grad():
+                y = layer(x)
+            assert max_rel(y, reference(f64(x), f64(w).T) + f64(bias)) <= 1e-5
+    check(a, 3)
+    assert len(made) == 2 and len(views) == 2 + 3  # the first calls only: gemm's a, b; linear's x, w, bias
+    made.clear(), views.clear()
+    check(a[::1, :].t().contiguous().t(), 2)  # column-major: a new stride
+    check(a[:13], 2)  # a new shape
+    assert len(made) == 4
+    made.clear()
+    check(a.double().float(), 2)  # another tensor with the same specs: no new plan
+    assert made == []
+
+    class Nothing:
+        pass
+    manager = get_manager()
+    manager.register(Nothing(), "nothing-test-plugin")
+    try:
+        check(a, 2)
+        assert len(made) == 2
+    finally:
+        manager.unregister(name="nothing-test-plugin")
+    made.clear()
+    dt.gemm(a.to(torch.bfloat16), w.t().to(torch.bfloat16))  # a new dtype
+    assert len(made) == 1
 
 
 def test_sum_backward_gradient_with_zero_strides():
@@ -210,20 +260,21 @@ def test_variant_and_autotune_reach_the_backward_gemms(monkeypatch):
     """Both travel with the op into its backward; autotune itself is
     dispatcher.gemm's (here switched off after the record, to build nothing more)."""
     a, b = _leaves(matrix(12, 16, "fp32", "r", 1), matrix(16, 8, "fp32", "r", 2))
-    seen, gemm = [], dispatcher.gemm
+    seen, planned = [], ops._planned
 
-    def spy(*x, **kw):
-        seen.append((kw["variant"], kw["autotune"]))
-        return gemm(*x, **{**kw, "autotune": False})
+    def spy(key, variant, operands, **kw):
+        seen.append((variant, kw["autotune"]))
+        return planned(key, variant, operands, **{**kw, "autotune": False})
 
-    monkeypatch.setattr(dispatcher, "gemm", spy)
+    monkeypatch.setattr(ops, "_planned", spy)
     out = dt.gemm(a, b, variant="stream_k", autotune=True)
     out.backward(matrix(12, 8, "fp32", "r", 3))
     assert seen == [("stream_k", True)] * 3
     assert torch.allclose(out, a.detach() @ b.detach(), rtol=1e-5, atol=1e-5)
     seen.clear()
-    dt.Linear(16, 4, bias=False, autotune=False)(a)  # with a bias: the fused linear op (dispatcher.run)
-    assert seen == [("regular", False)]
+    dt.Linear(16, 4, bias=False, autotune=False)(a)
+    dt.Linear(16, 4, bias=True, variant="stream_k", autotune=False)(a)  # stream_k fuses no bias: gemm + add
+    assert seen == [("regular", False), ("stream_k", False)]
 
 
 def test_config_passes_through(monkeypatch):

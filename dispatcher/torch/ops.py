@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 import dispatcher
+from dispatcher.api import RUNNERS_KEPT, exact_key, operands_key
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, DispatcherError, ProblemError, UnsupportedProblem
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
@@ -162,19 +163,52 @@ def _in_torch_words(left: torch.Tensor, right: torch.Tensor, **named):
         check_readable(name, t)
 
 
+# --------------------------------------------------------- planned calls
+# The held plan (`dispatcher.plan`) of each kind of plain eager call, by
+# everything the plan depends on: the op, its options and `operands_key` of
+# its tensors. A warm call runs the plan's runner on the tensors themselves
+# (a CPU tensor's memory is what the plan's numpy view of it read; the
+# result is a new tensor on the inputs' device), skipping the numpy views,
+# `dispatcher.run`'s own key and the result's wrapping.
+_HELD: dict = {}
+
+
+def _planned(key, variant: str, operands: dict, **options):
+    """`dispatcher.run(variant, **operands, **options)` on tensors
+    (operand name -> tensor or None, the first one `a`'s), through the plan
+    held by `key` (None: the call has none, e.g. tensors on two devices)."""
+    held = _HELD.get(key) if key is not None else None
+    if held is not None:
+        runner = held.runner()
+        if runner is not None:
+            return runner(*[operands[name] for name in held.order])
+    target = target_of(*operands.values())
+    arrays = {name: for_target(t, target) for name, t in operands.items() if t is not None}
+    if key is None:
+        return from_target(dispatcher.run(variant, **arrays, **options))
+    if held is None or not held.plan.current():  # new, or made before a plugin registration
+        if len(_HELD) >= RUNNERS_KEPT:  # many shapes: start again rather than keep them all
+            _HELD.clear()
+        held = _HELD[key] = dispatcher.plan(variant, **arrays, **options)
+    return from_target(held(**arrays))  # its first call binds the kernel; the runner serves the next
+
+
 # ------------------------------------------------------------------ gemm
 def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
           beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
           config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
-    target = target_of(a, b, c)
-    if c is None and config is None:  # the plain call (a backward's too): dispatcher.gemm's fastest path
+    if c is None and config is None:  # the plain call (a backward's too): a held plan
+        key = operands_key(a, b)
+        if key is not None:
+            key = ("gemm", variant, exact_key(alpha), out_dtype, autotune, key)
         try:
-            return from_target(dispatcher.gemm(for_target(a, target), for_target(b, target), alpha=alpha,
-                                               out_dtype=out_dtype, variant=variant, autotune=autotune))
+            return _planned(key, variant, {"a": a, "b": b}, alpha=alpha,
+                            out_dtype=None if out_dtype is None else token(out_dtype), autotune=autotune)
         except DispatcherError:
             _in_torch_words(a, b, a=a, b=b)
             raise
+    target = target_of(a, b, c)
     _check_shapes(a, b)  # before the output's allocation
     check_readable("a", a)
     check_readable("b", b)
@@ -226,16 +260,21 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
             autotune: Optional[bool] = None) -> torch.Tensor:
     """x @ weight^T + bias in one kernel: the bias is the GEMM's fused
     epilogue (one value per output column), as cuBLAS's addmm fuses it."""
-    target = target_of(x, weight, bias)
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
     transposed = weight.t()
-    a, b = for_target(x, target), for_target(transposed, target)
+    key = None
+    if config is None:
+        key = operands_key(x, transposed) if bias is None else operands_key(x, transposed, bias)
+        if key is not None:
+            key = ("linear", variant, autotune, bias is None, key)
     try:
-        return from_target(dispatcher.run(variant, a=a, b=b, bias=for_target(bias, target),
-                                          config=_config(config), autotune=autotune))
+        return _planned(key, variant, {"a": x, "b": transposed, "bias": bias}, config=_config(config),
+                        autotune=autotune)
     except UnsupportedProblem:  # no fused kernel reads these operands in place (cuda: misaligned ones)
-        y = from_target(dispatcher.gemm(a, b, variant=variant, autotune=autotune))
+        target = target_of(x, weight, bias)
+        y = from_target(dispatcher.gemm(for_target(x, target), for_target(transposed, target),
+                                        variant=variant, autotune=autotune))
         return y if bias is None else y.add_(bias)
     except DispatcherError:
         _in_torch_words(x, transposed, x=x, weight=weight)
