@@ -207,7 +207,6 @@ class HeldPlan:
         # (operand names, `operands_key`, core scalars) of the planned call, where its
         # runner may run calls with the same arrays' specs and no new scalars
         self.order = self.key = self.scalars = None
-        self._runner = None  # (the plan's runners memo, the runner taken from it)
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
@@ -222,15 +221,9 @@ class HeldPlan:
         first call has bound the kernel, where calls cannot go straight to
         it (staged operands, a beta), or once a plugin registration
         changed what the hook chain would choose."""
-        plan = self.plan
-        if self.order is None or not plan.current(self.dispatcher):
+        if self.order is None or not self.plan.current(self.dispatcher):
             return None
-        kept = self._runner
-        if kept is not None and kept[0] is plan.runners:  # still the plan's binding (it rebinds into a new dict)
-            return kept[1]
-        found = plan.runner(self.order, self.scalars)
-        self._runner = None if found is None else (plan.runners, found)
-        return found
+        return self.plan.runner(self.order, self.scalars)
 
     def _planned_arrays(self, operands: tuple, arguments: dict):
         """A call's arrays in `order` where it passes exactly the planned
