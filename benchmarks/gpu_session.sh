@@ -56,16 +56,17 @@ for step in "$@"; do
     # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps, one per
     # TUNE_SPECS entry variant:dtype:layout:grid (grid: benchmarks/sweeps/<grid>.json; the default is
     # the sm_90a.json of this repository; benchmarks/sweeps/cuda_tuning_specs_full.txt adds fp16, crr
-    # and fp8: build them first with BUILD_SET=tune), exported with the GPU's name
+    # and fp8: build them first with BUILD_SET=tune), exported with the GPU's name; TUNE_SWEEP names
+    # another sweep file (catalog_raster.json: each catalog kernel in both raster orders too)
     tune) rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
           for spec in ${TUNE_SPECS:-regular:bf16:rcr:cuda_tuning_grid regular:bf16:rrr:cuda_tuning_grid stream_k:bf16:rcr:cuda_tuning_grid_stream_k}; do
             IFS=: read variant dtype layout grid <<< "$spec"
-            timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --dtype $dtype \
+            timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --dtype $dtype \
               --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
               --out $R/.gpucache/sweeps/$variant-$dtype-$layout --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
-            --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/catalog.json --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
+            --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
             | tee -a $OUT/tune.log ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac

@@ -20,11 +20,11 @@ except ToolchainError as e:
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}")]
 
 CONFIGS = [
-    dict(variant="regular", dtype="bf16", layout="rcr"),
+    dict(variant="regular", dtype="bf16", layout="rcr", raster="along_n", swizzle=2),
     dict(variant="stream_k", dtype="bf16", layout="rrr", reduction="linear", decomposition="stream_k"),
     # the tree reduction: a partials GEMM and a reduction kernel of our own
     dict(variant="stream_k", dtype="bf16", layout="crr", reduction="tree", decomposition="split_k", splits=5),
-    dict(variant="grouped", dtype="fp16", layout="rcr"),
+    dict(variant="grouped", dtype="fp16", layout="rcr", raster="along_m"),
 ]
 # The batched variant (batch mode L) and both CUTLASS bias fusions: about
 # five more minutes of nvcc on 2 cores, so outside the fast suite (.ci/run

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dispatcher
-from dispatcher import errors
+from dispatcher import errors, targets
 from dispatcher.api import Dispatcher
 from dispatcher.dispatch import AUTOTUNE_TOP_K
 from dispatcher.plugins import PluginManager
@@ -53,6 +53,28 @@ def test_explain_skinny_and_large_problems_choose_different_tiles():
     large = explain("--target", "cuda", "--dtype", "bf16", "--m", "8192", "--n", "8192", "--k", "8192")
     assert skinny["chosen"] != large["chosen"]
     assert "_64x" in skinny["chosen"]  # a 64-row tile for M = 16
+
+
+def test_a_cuda_configs_raster_order_is_in_its_name_source_and_model_estimate():
+    """along_m / along_n are named (`_rm`, `_rn`), compiled in as
+    dcuda::schedule's kRaster and given to the model as its CTA order; the
+    default keeps the names, source and estimates kernels had; any other
+    value is a ConfigError naming the choices."""
+    def config(**raster):
+        return dispatcher.KernelConfig.create(target="cuda", dtype="bf16", layout="rcr", tile_m=128, tile_n=256,
+                                              tile_k=64, **raster)
+    default, along_m, along_n = config(), config(raster="along_m"), config(raster="along_n")
+    assert default.name.endswith("_c2x1_coop_sauto") and along_m.name == default.name + "_rm" \
+        and along_n.name == default.name + "_rn"
+    d = Dispatcher()
+    for c, value in ((default, 0), (along_m, 1), (along_n, 2)):
+        assert f"static constexpr int kRaster = {value};" in d.codegen(c).files[0][1]
+    with pytest.raises(dispatcher.ConfigError, match="along_m"):
+        config(raster="hilbert")
+    if cuda_model.available():  # a tall C: rows of tiles are long, so the two orders differ in L2 reuse
+        problem = GemmProblem(16384, 1024, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
+        estimates = [targets.get("cuda").model_estimate(problem, c, 1) for c in (default, along_m, along_n)]
+        assert estimates[0] == estimates[2] and estimates[1] != estimates[0], estimates
 
 
 def test_explain_gives_the_reason_for_each_rejected_config():

@@ -33,6 +33,10 @@ _ELEMENTS = {
     "fp8_e4m3": "cutlass::float_e4m3_t", "fp8_e5m2": "cutlass::float_e5m2_t",
 }
 INPUT_DTYPES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+# A config's raster order as the generated source names it (`dcuda::schedule`):
+# 0 leaves the scheduler's own rule.
+RASTER_ORDERS = {"default": 0, "along_m": 1, "along_n": 2}
+
 _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer-array epilogue)
     "cooperative": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
                     "cutlass::epilogue::TmaWarpSpecializedCooperative",
@@ -130,6 +134,11 @@ class CudaTarget:
                low=0, high=8),
         Option("swizzle", 1, "tile rasterization swizzle: tiles that run at once share operands in L2",
                choices=(1, 2, 4, 8)),
+        Option("raster", "default", "the order the persistent scheduler hands out output tiles: "
+               "along_m or along_n (consecutive tiles down a column or along a row of C), or "
+               "default (the scheduler's own rule: CUTLASS steps along M when C has more tile "
+               "columns than rows, else along N; its grouped scheduler along M)",
+               choices=tuple(RASTER_ORDERS)),
     )
 
     def toolchain(self, config=None) -> Toolchain:
@@ -140,7 +149,8 @@ class CudaTarget:
         sched = {"cooperative": "coop", "pingpong": "pp"}[opts["schedule"]]
         stages = opts["stages"] or "auto"
         swizzle = f"_sw{opts['swizzle']}" if opts["swizzle"] != 1 else ""
-        return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}{swizzle}"
+        raster = {"default": "", "along_m": "_rm", "along_n": "_rn"}[opts["raster"]]
+        return f"c{opts['cluster_m']}x{opts['cluster_n']}_{sched}_s{stages}{swizzle}{raster}"
 
     def default_tile_k(self, dtype: str) -> int:
         """The tile_k of the variants' catalogs: 128 bytes of A (64 bf16 or
@@ -201,6 +211,7 @@ class CudaTarget:
             f"    using ClusterShape = cute::Shape<cute::_{o['cluster_m']}, cute::_{o['cluster_n']}, cute::_1>;",
             f"    static constexpr int kStages = {o['stages']};",
             f"    static constexpr int kSwizzle = {o['swizzle']};",
+            f"    static constexpr int kRaster = {RASTER_ORDERS[o['raster']]};  // dcuda::schedule",
             f"    using MainloopSchedule = {mainloop};",
             f"    using EpilogueSchedule = {epilogue};",
             f"    using PtrArrayMainloopSchedule = {ptr_mainloop};",
@@ -248,7 +259,8 @@ class CudaTarget:
                 continue
             found = cuda_model.estimate_us(m, n, k, config.layout, config.dtype_a, config.dtype_c,
                                            (config.tile_m, config.tile_n),
-                                           (o["cluster_m"], o["cluster_n"]), splits, o["swizzle"])
+                                           (o["cluster_m"], o["cluster_n"]), splits, o["swizzle"],
+                                           o["raster"] == "along_m")
             if found is None:
                 return None
             total += found

@@ -62,10 +62,12 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=65536)
 def estimate_us(m: int, n: int, k: int, layout: str, dtype: str, out_dtype: str, tile_mn: tuple,
-                cluster: tuple, splits: int = 1, swizzle: int = 1):
+                cluster: tuple, splits: int = 1, swizzle: int = 1, along_m: bool = False):
     """Microseconds the model expects for one (m, n, k) GEMM with this output
     tile (its K tile the model's own), or None when the model is absent or
-    does not know the config."""
+    does not know the config. along_m: tiles handed out down C's columns
+    (the model's column-major CTA order), else along its rows (the model's
+    default, which it was checked with for the schedulers' own rule)."""
     found = _model()
     precision = _PRECISION.get((dtype, out_dtype))
     tile = (*tile_mn, _MODEL_TILE_K.get(dtype, 0))
@@ -80,7 +82,7 @@ def estimate_us(m: int, n: int, k: int, layout: str, dtype: str, out_dtype: str,
     (warp, instr) = shapes
     for i in range(3):
         kernel.cta[i], kernel.warp[i], kernel.instr[i] = tile[i], warp[i], instr[i]
-    kernel.splitK, kernel.loadStages, kernel.gridSwizzle, kernel.ctaOrder = splits, 0, swizzle, 0
+    kernel.splitK, kernel.loadStages, kernel.gridSwizzle, kernel.ctaOrder = splits, 0, swizzle, int(along_m)
     kernel.cluster[0], kernel.cluster[1] = cluster
     seconds = model.nvMatmulHeuristicsEstimateRuntime(
         model.handle, precision.encode(), ctypes.c_int(model.target), ctypes.byref(problem),

@@ -192,6 +192,16 @@ void check_args(const dispatcher_gemm_args* a) {
         throw Failure(DISPATCHER_ERROR, "leading dimension smaller than the matrix");
 }
 
+// A kernel's tile schedule on its scheduler's arguments: the swizzle, and
+// the raster order where the config names one (T::kRaster 1 along M, 2
+// along N; 0 keeps the scheduler's own rule).
+template <class T, class SchedulerArguments>
+void schedule(SchedulerArguments& scheduler) {
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    scheduler.max_swizzle_size = T::kSwizzle;
+    if constexpr (T::kRaster != 0) scheduler.raster_order = T::kRaster == 1 ? Raster::AlongM : Raster::AlongN;
+}
+
 // The Arguments of a single-problem GemmUniversal (C is read for beta and
 // written in place, so C and D are one buffer).
 template <class Gemm, class T>
@@ -207,7 +217,7 @@ typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
          c, stride_with_ld<typename K::StrideC>(a->ldc),
          c, stride_with_ld<typename K::StrideD>(a->ldc)},
         hardware(a->workers)};
-    arguments.scheduler.max_swizzle_size = T::kSwizzle;
+    schedule<T>(arguments.scheduler);
     return arguments;
 }
 

@@ -88,7 +88,7 @@ typename Gemm::Arguments arguments_of(double alpha, double beta, int groups, con
         {fusion, reinterpret_cast<const T::ElementC**>(staged + s.c), reinterpret_cast<StrideC*>(staged + s.sc),
          reinterpret_cast<T::ElementC**>(staged + s.c), reinterpret_cast<StrideD*>(staged + s.sd)},
         dcuda::hardware(0)};
-    arguments.scheduler.max_swizzle_size = T::kSwizzle;
+    dcuda::schedule<T>(arguments.scheduler);
     return arguments;
 }
 
