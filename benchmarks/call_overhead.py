@@ -123,6 +123,8 @@ def cpu_call(args) -> dict:
 def cpu_torch(args) -> dict:
     import torch
     import dispatcher.torch as dt
+    from dispatcher.torch import native
+    native.extension(wait=True)  # Linear's native calls: built (or found) before the timing
     torch.manual_seed(0)
     x = torch.randn(16, 64)
     reference = torch.nn.Linear(64, 64)
@@ -146,8 +148,9 @@ def cpu_torch(args) -> dict:
         base, mine = (float(np.median([t[i] for t in times])) for i in (0, 1))
         rows[name] = {"torch_us": base, "ours_us": mine, "ratio": mine / base}
     print("cpu torch fp32 16x64x64, us per call (torch / ours): " +
-          ", ".join(f"{k} {v['torch_us']:.1f} / {v['ours_us']:.1f}" for k, v in rows.items()))
-    return {"shape": [16, 64, 64], "rows": rows}
+          ", ".join(f"{k} {v['torch_us']:.1f} / {v['ours_us']:.1f}" for k, v in rows.items()) +
+          f"; Linear's native calls: {native.failure() or 'on'}")
+    return {"shape": [16, 64, 64], "rows": rows, "native_linear": native.failure() or "on"}
 
 
 def _one_process(n: int, calls: int, repeat: int) -> dict:

@@ -166,6 +166,11 @@ class Library:
     def __repr__(self):
         return f"Library({self.name!r}, {str(self.path)!r})"
 
+    @property
+    def last_error_address(self) -> int:
+        """The address of the library's `dispatcher_last_error` (native callers' messages)."""
+        return ctypes.cast(self._dll.dispatcher_last_error, ctypes.c_void_p).value
+
     def require(self, symbol: str):
         if symbol not in self.symbols:
             raise LibraryError(f"{self.path} ({self.name}) does not export {symbol}")

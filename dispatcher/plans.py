@@ -20,6 +20,7 @@ Users may hold one (`dispatcher.plan(...)`) to skip even the lookup:
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Mapping
 
@@ -302,6 +303,30 @@ class Plan(_Launches):
             return result
         self.runners[_runner_key(order, scalars)] = run
         return run
+
+    def native_launch(self, order: tuple, scalars: tuple = DEFAULT_SCALARS):
+        """What native code needs to run the calls `runner(order, scalars)`
+        runs, the way that runner does (dispatcher/torch/native_linear.cpp):
+        (the kernel entry point's address, its library's
+        `dispatcher_last_error` address, the argument block with these
+        scalars and null pointers as bytes, the extra operands' (row, col,
+        batch) strides in `order`, the result's rows, columns and numpy
+        dtype). None where the runner would be, or where a call needs more
+        than a block and an entry point: a workspace, the output given."""
+        if self.runner(order, scalars) is None:
+            return None
+        entry, template, library, workspace = self._direct
+        out = self.names.get("out")
+        slots = self._slots  # the block's A, B, C (None: the result) and extra operands, by name
+        if workspace != 0 or out in order or len(self.layout.result_shape) != 2 or slots[2] is not None \
+                or slots[:2] + slots[3:] != tuple(order):
+            return None
+        block = bound_gemm_args(template, (0,) * len(self._slots), scalars, ())
+        extra = [(block.extra[i].row_stride, block.extra[i].col_stride, block.extra[i].batch_stride)
+                 for i in range(len(self._slots) - 3)]
+        block.extra = None
+        return (ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block), extra,
+                *self.layout.result_shape, self.layout.result_dtype)
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from dispatcher.plugins import get_manager
+from dispatcher.torch import native
 from dispatcher.torch.ops import config_key, gemm, linear
 
 
@@ -43,14 +44,31 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2
         rows = x if flat else x.reshape(-1, self.in_features)
-        if self.bias is None or not _fuses_bias(self.variant):
-            y = gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
-            if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
-                y = y + self.bias.to(y.dtype)
-        else:  # the bias in the kernel's epilogue
-            y = linear(rows, self.weight, self.bias, variant=self.variant, config=self.config,
-                       autotune=self.autotune)
+        fused = self.bias is not None and _fuses_bias(self.variant)
+        native = None if _compiling() else self._native_plans(fused)  # traced: the operator, always
+        y = native.forward(rows, self.weight, self.bias) if native is not None else None
+        if y is None:
+            if self.bias is None or fused:  # the bias (if any) in the kernel's epilogue
+                y = linear(rows, self.weight, self.bias, variant=self.variant, config=self.config,
+                           autotune=self.autotune) if fused else \
+                    gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
+                if native is not None:
+                    native.learn(rows, self.weight, self.bias)
+            else:
+                y = gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
+                y = y + self.bias.to(y.dtype)  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _native_plans(self, fused: bool):
+        """This layer's native plans (dispatcher/torch/native.py), made once
+        the module is loaded; None while it is not, or where a call has more
+        than one GEMM with its fused bias: a config given, an unfused bias."""
+        plans = self.__dict__.get("_native")
+        if plans is None and self.config is None and (fused or self.bias is None):
+            module = native.extension()
+            if module is not None:
+                plans = self.__dict__["_native"] = native.LinearPlans(module, self.variant, self.autotune)
+        return plans
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, variant={self.variant!r}, config={self.config!r}, "
@@ -69,6 +87,7 @@ def _fuses_bias(variant: str) -> bool:
 
 
 _FUSES: dict = {}  # variant -> (manager, generation, whether it fuses a bias)
+_compiling = torch.compiler.is_compiling
 
 
 def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:

@@ -173,6 +173,30 @@ def _in_torch_words(left: torch.Tensor, right: torch.Tensor, **named):
 _HELD: dict = {}
 
 
+def held_plan(key):
+    """The held plan of the calls of `key` (`gemm_key`, `linear_key`), or None."""
+    return _HELD.get(key) if key is not None else None
+
+
+def gemm_key(a, b, variant: str, alpha: float, out_dtype, autotune):
+    """The key of a plain `gemm_dispatcher::gemm` call (c and config None), or None."""
+    key = operands_key(a, b)
+    return None if key is None else ("gemm", variant, exact_key(alpha), out_dtype, autotune, key)
+
+
+def linear_key(x, transposed, bias, variant: str, autotune):
+    """The key of a `gemm_dispatcher::linear` call (config None) on x and
+    weight.t(), or None."""
+    key = operands_key(x, transposed) if bias is None else operands_key(x, transposed, bias)
+    return None if key is None else ("linear", variant, autotune, bias is None, key)
+
+
+def plain_eager(tensors) -> bool:
+    """Whether a call on `tensors` (None entries skipped) is a plain eager
+    call that autocast leaves alone: what native code may run itself."""
+    return _plain(tensors) and not _any_autocast()
+
+
 def _planned(key, variant: str, operands: dict, **options):
     """`dispatcher.run(variant, **operands, **options)` on tensors
     (operand name -> tensor or None, the first one `a`'s), through the plan
@@ -199,9 +223,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
           config: Optional[str] = None, autotune: Optional[bool] = None) -> torch.Tensor:
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
     if c is None and config is None:  # the plain call (a backward's too): a held plan
-        key = operands_key(a, b)
-        if key is not None:
-            key = ("gemm", variant, exact_key(alpha), out_dtype, autotune, key)
+        key = gemm_key(a, b, variant, alpha, out_dtype, autotune)
         try:
             return _planned(key, variant, {"a": a, "b": b}, alpha=alpha,
                             out_dtype=None if out_dtype is None else token(out_dtype), autotune=autotune)
@@ -263,11 +285,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
     transposed = weight.t()
-    key = None
-    if config is None:
-        key = operands_key(x, transposed) if bias is None else operands_key(x, transposed, bias)
-        if key is not None:
-            key = ("linear", variant, autotune, bias is None, key)
+    key = linear_key(x, transposed, bias, variant, autotune) if config is None else None
     try:
         return _planned(key, variant, {"a": x, "b": transposed, "bias": bias}, config=_config(config),
                         autotune=autotune)

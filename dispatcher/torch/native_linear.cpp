@@ -1,0 +1,242 @@
+// dispatcher.torch.Linear's warm eager calls in C++ (dispatcher/torch/native.py
+// builds this file into the build cache and loads it).
+//
+// A Python call costs microseconds per step (the key, the plan lookup, the
+// argument block, an autograd.Function and its backward), which a small
+// layer's kernel does not: this module runs the whole call, forward and
+// backward, from plans the Python side made. A `Plans` object (one per
+// Linear) maps what a call's plan depends on (shapes, strides, dtypes,
+// device and stream of x, the weight and the bias) to the launches Python
+// bound: the forward GEMM with its fused bias and, where gradients are
+// wanted, the two backward GEMMs. `forward` returns None for a call it has
+// no plan for; the Python path then runs it (and makes the plans).
+//
+// A launch is what `dispatcher.plans.Plan.runner` binds: the kernel's entry
+// point, the plan's argument block with its scalars (copied per call, so a
+// call nested in another or on another thread has its own) and the result's
+// shape and dtype; each call points the block at its tensors and a new
+// output from torch's allocator.
+#include <torch/extension.h>
+
+#include <array>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dispatcher_abi.h"
+
+namespace {
+
+namespace py = pybind11;
+
+constexpr int kMaxExtra = 4;
+
+struct Launch {
+    dispatcher_gemm_fn entry = nullptr;
+    const char* (*last_error)() = nullptr;
+    dispatcher_gemm_args block{};
+    std::array<dispatcher_operand, kMaxExtra> extra{};  // the extra operands' strides; data per call
+    int64_t rows = 0, cols = 0;
+    at::ScalarType out = at::kFloat;
+
+    // A new (rows x cols) result of `a`'s device: c = a @ b (+ the bias, extra operand 0).
+    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias = nullptr) const {
+        at::Tensor c = at::empty({rows, cols}, a.options().dtype(out));
+        dispatcher_gemm_args args = block;
+        std::array<dispatcher_operand, kMaxExtra> operands = extra;
+        args.a = a.data_ptr();
+        args.b = b.data_ptr();
+        args.c = c.data_ptr();
+        if (args.extra_count > 0) {
+            if (!bias) throw std::logic_error("a planned launch with a bias got none");
+            operands[0].data = bias->data_ptr();
+            args.extra = operands.data();
+        }
+        int status;
+        if (PyGILState_Check()) {  // a forward from Python: other Python threads run meanwhile, as
+            py::gil_scoped_release unlocked;  // during a ctypes call
+            status = entry(&args);
+        } else {  // a backward, in torch's autograd engine, which runs without the GIL
+            status = entry(&args);
+        }
+        if (status != 0)
+            throw std::runtime_error(std::string("gemm-dispatcher kernel failed (status ") +
+                                     std::to_string(status) + "): " + (last_error ? last_error() : ""));
+        return c;
+    }
+};
+
+// A Python launch description: (entry address, last-error address, argument
+// block bytes, extra operands' (row, col, batch) strides, rows, cols, output
+// dtype). The addresses stay valid: a kernel library, once loaded, is never
+// unloaded.
+Launch launch_of(const py::tuple& spec) {
+    Launch l;
+    l.entry = reinterpret_cast<dispatcher_gemm_fn>(spec[0].cast<uintptr_t>());
+    l.last_error = reinterpret_cast<const char* (*)()>(spec[1].cast<uintptr_t>());
+    const std::string block = spec[2].cast<std::string>();
+    if (block.size() != sizeof(dispatcher_gemm_args))
+        throw std::invalid_argument("argument block of " + std::to_string(block.size()) + " bytes, expected " +
+                                    std::to_string(sizeof(dispatcher_gemm_args)));
+    std::memcpy(&l.block, block.data(), sizeof l.block);
+    const auto strides = spec[3].cast<std::vector<std::array<int64_t, 3>>>();
+    if (int64_t(strides.size()) != l.block.extra_count || strides.size() > kMaxExtra)
+        throw std::invalid_argument("extra operand strides do not match the block's extra_count");
+    for (size_t i = 0; i < strides.size(); ++i)
+        l.extra[i] = {nullptr, strides[i][0], strides[i][1], strides[i][2]};
+    l.block.a = l.block.b = nullptr;
+    l.block.c = nullptr;
+    l.block.extra = nullptr;
+    if (l.block.param_count != 0 || l.block.workspace_bytes != 0)
+        throw std::invalid_argument("a launch with parameters or a workspace is not planned natively");
+    l.rows = spec[4].cast<int64_t>();
+    l.cols = spec[5].cast<int64_t>();
+    l.out = py::reinterpret_borrow<py::object>(spec[6]).cast<at::ScalarType>();
+    return l;
+}
+
+// What a Linear call's plans depend on.
+using Key = std::array<int64_t, 19>;
+
+int64_t stream_of(const at::Tensor& t) {
+    if (!t.is_cuda()) return 0;
+    return c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()).id();
+}
+
+// A CUDA plan holds for one alignment class (`dispatcher.plans._alignment`).
+int64_t aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+Key key_of(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+    const bool b = bias.has_value() && bias->defined();
+    return {x.size(0), x.size(1), x.stride(0), x.stride(1), w.size(0), w.size(1), w.stride(0), w.stride(1),
+            b ? bias->size(0) : -1, b ? bias->stride(0) : -1, int64_t(x.scalar_type()),
+            int64_t(w.scalar_type()), b ? int64_t(bias->scalar_type()) : -1, int64_t(x.device().type()),
+            x.device().index(), stream_of(x), b ? int64_t(bias->device().type()) : -1,
+            int64_t(w.device().type()), aligned(x) | aligned(w) << 1 | (b && aligned(*bias)) << 2};
+}
+
+// Held by the Plans that made it and by every autograd graph recorded with
+// it (until that graph's backward has run or it is freed).
+struct Planned : torch::CustomClassHolder {
+    Key key;
+    Launch forward;                           // y = x @ w^T (+ bias)
+    std::shared_ptr<const Launch> dx, dw;     // dX = dY @ W, dW = dY^T @ X (null: not planned)
+    std::string variant;                      // the Linear's variant and autotune, for
+    std::optional<bool> autotune;             // `gemm_op`
+};
+
+// a @ b through the operator `gemm_dispatcher::gemm` (its Python kernel, the
+// same plans): differentiable, for a backward that records a graph of its
+// own (create_graph=True), which the launches above do not.
+at::Tensor gemm_op(const at::Tensor& a, const at::Tensor& b, const Planned& p) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("gemm_dispatcher::gemm", "")
+            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double,
+                              double, std::optional<at::ScalarType>, c10::string_view,
+                              std::optional<c10::string_view>, std::optional<bool>)>();
+    return op.call(a, b, std::nullopt, 1.0, 0.0, std::nullopt, p.variant, std::nullopt, p.autotune);
+}
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                              const c10::optional<at::Tensor>& bias, const c10::intrusive_ptr<Planned>& p) {
+        ctx->save_for_backward({x, w});
+        ctx->saved_data["planned"] = c10::IValue::make_capsule(p);
+        ctx->saved_data["bias_dtype"] = bias.has_value() ? int64_t(bias->scalar_type()) : int64_t(-1);
+        const at::Tensor transposed = w.t();
+        return p->forward(x, transposed, bias.has_value() ? &*bias : nullptr);
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto p = c10::static_intrusive_pointer_cast<Planned>(ctx->saved_data["planned"].toCapsule());
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &w = saved[1];
+        at::Tensor dx, dw, db;
+        if (at::GradMode::is_enabled()) {  // create_graph: the operator, which records the products
+            const at::Tensor dy = grads[0].to(x.scalar_type());
+            if (ctx->needs_input_grad(0)) dx = gemm_op(dy.contiguous(), w, *p);
+            if (ctx->needs_input_grad(1)) dw = gemm_op(dy.contiguous().t(), x, *p);
+        } else {
+            // the planned operand: row-major in x's dtype (an expanded or cast gradient is made so once)
+            const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
+            if (ctx->needs_input_grad(0)) dx = (*p->dx)(dy, w);
+            if (ctx->needs_input_grad(1)) dw = (*p->dw)(dy.t(), x);
+        }
+        const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+        if (bias_dtype >= 0 && ctx->needs_input_grad(2))
+            db = grads[0].sum(0).to(at::ScalarType(bias_dtype));
+        return {dx, dw, db, at::Tensor()};
+    }
+};
+
+// The plans of one Linear's calls, few shapes each, searched in order.
+class Plans {
+  public:
+    // y, or None where no plan fits the call (or gradients are wanted and
+    // the backward launches are not planned yet).
+    py::object forward(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+        if (x.dim() != 2 || w.dim() != 2 || (bias.has_value() && bias->dim() != 1)) return py::none();
+        // a CUDA kernel launches on the current device: the one its plan was made on
+        if (x.is_cuda() && c10::impl::getDeviceGuardImpl(x.device().type())->getDevice() != x.device())
+            return py::none();
+        const Key key = key_of(x, w, bias);
+        c10::intrusive_ptr<Planned> p;  // held: `add` may replace it while the kernel runs without the GIL
+        for (const auto& q : planned_)
+            if (q->key == key) p = q;
+        if (!p) return py::none();
+        const bool grad = at::GradMode::is_enabled() &&
+                          (x.requires_grad() || w.requires_grad() || (bias.has_value() && bias->requires_grad()));
+        if (!grad) {
+            const at::Tensor transposed = w.t();
+            return py::cast(p->forward(x, transposed, bias.has_value() ? &*bias : nullptr));
+        }
+        if (!p->dx || !p->dw) return py::none();
+        return py::cast(LinearFunction::apply(x, w, bias, p));
+    }
+
+    // Plans calls like (x, w, bias): the forward launch and, if given, both backward launches.
+    void add(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+             const py::tuple& forward, const py::object& dx, const py::object& dw, const std::string& variant,
+             std::optional<bool> autotune) {
+        auto p = c10::make_intrusive<Planned>();
+        p->key = key_of(x, w, bias);
+        p->variant = variant;
+        p->autotune = autotune;
+        p->forward = launch_of(forward);
+        if (!dx.is_none() && !dw.is_none()) {
+            p->dx = std::make_shared<const Launch>(launch_of(dx.cast<py::tuple>()));
+            p->dw = std::make_shared<const Launch>(launch_of(dw.cast<py::tuple>()));
+        }
+        for (auto& q : planned_)
+            if (q->key == p->key) {
+                q = std::move(p);
+                return;
+            }
+        planned_.push_back(std::move(p));
+    }
+
+    // Forget every plan (a plugin registration changed what selection chooses).
+    void clear() { planned_.clear(); }
+
+    size_t size() const { return planned_.size(); }
+
+  private:
+    std::vector<c10::intrusive_ptr<Planned>> planned_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(dispatcher_torch_native, m) {
+    m.doc() = "dispatcher.torch.Linear's warm eager calls (dispatcher/torch/native.py)";
+    m.attr("ABI_VERSION") = DISPATCHER_ABI_VERSION;
+    m.attr("ARGS_BYTES") = sizeof(dispatcher_gemm_args);
+    py::class_<Plans>(m, "Plans")
+        .def(py::init<>())
+        .def("forward", &Plans::forward, py::arg("x"), py::arg("weight"), py::arg("bias"))
+        .def("add", &Plans::add)
+        .def("clear", &Plans::clear)
+        .def("__len__", &Plans::size);
+}

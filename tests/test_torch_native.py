@@ -1,0 +1,186 @@
+"""dispatcher.torch.Linear's native calls (dispatcher/torch/native.py and
+native_linear.cpp): once the Python way has planned a kind of call, later
+calls and their backward run in C++, with the same kernels; each result
+against a float64 reference of the same quantized inputs (outputs poisoned:
+every torch.empty comes filled with NaN), and the Python way wherever the
+native one has no plan."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dispatcher.torch as dt  # noqa: E402
+from dispatcher import dtypes  # noqa: E402
+from dispatcher.plugins import get_manager  # noqa: E402
+from dispatcher.torch import native  # noqa: E402
+from dispatcher.verify import max_rel  # noqa: E402
+
+TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """The module, built (or found in the build cache) before the tests."""
+    module = native.extension(wait=True)
+    assert module is not None, native.failure()
+    return module
+
+
+@pytest.fixture(autouse=True)
+def poisoned_allocations():
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def quantized(shape, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(*shape, generator=gen, dtype=torch.float64) * 4 - 2).to(TORCH[dtype])
+
+
+def f64(t):
+    return t.detach().double().numpy()
+
+
+def layer(dtype, bias=True, **kw):
+    base = torch.nn.Linear(48, 40, bias=bias, dtype=TORCH[dtype])
+    with torch.no_grad():
+        base.weight.copy_(quantized((40, 48), dtype, 1))
+        if bias:
+            base.bias.copy_(quantized((40,), dtype, 2))
+    return dt.Linear.from_linear(base, **kw)
+
+
+def native_plans(module):
+    found = module.__dict__.get("_native")
+    return 0 if found is None else len(found.plans)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_warm_calls_run_natively_forward_and_backward(dtype, bias):
+    """Calls 1 and 2 go the Python way (the first backward plans the
+    backward GEMMs); from call 3 on, the forward and backward run in C++
+    (the output's grad_fn is torch's C++ function node), and every output
+    and gradient matches the float64 reference, 2-D and 3-D inputs alike."""
+    lin = layer(dtype, bias)
+    tol = dtypes.relative_tolerance(dtype, 48)
+    w, b = f64(lin.weight), f64(lin.bias) if bias else 0.0
+    for step in range(4):
+        x = quantized((3, 7, 48) if step % 2 else (21, 48), dtype, 10 + step).requires_grad_()
+        y = lin(x)
+        rows = f64(x).reshape(-1, 48)
+        assert max_rel(f64(y).reshape(-1, 40), rows @ w.T + b) <= tol, step
+        if step >= 2:  # the product's node (under a 3-D input's reshape) is the C++ one
+            node = y.grad_fn.next_functions[0][0] if x.dim() == 3 else y.grad_fn
+            assert type(node).__name__ == "CppFunction", step
+        dy = quantized(tuple(y.shape), dtype, 30 + step)
+        y.backward(dy)
+        dyr = f64(dy).reshape(-1, 40)
+        assert max_rel(f64(x.grad).reshape(-1, 48), dyr @ w) <= tol, step
+        assert max_rel(f64(lin.weight.grad), dyr.T @ rows) <= dtypes.relative_tolerance(dtype, 21), step
+        if bias:
+            assert max_rel(f64(lin.bias.grad), dyr.sum(0)) <= dtypes.relative_tolerance(dtype, 21), step
+        lin.zero_grad()
+    assert native_plans(lin) == 1  # (21, 48) rows and a 3-D input's (21, 48) view are one kind of call
+
+
+def test_no_grad_calls_plan_the_forward_only_and_stay_right():
+    lin = layer("fp32")
+    x = quantized((9, 48), "fp32", 3)
+    with torch.no_grad():
+        ys = [lin(x) for _ in range(3)]
+    assert native_plans(lin) == 1
+    for y in ys:
+        assert y.grad_fn is None and max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+
+
+def test_a_new_shape_stride_or_dtype_goes_the_python_way_and_is_planned_then():
+    lin = layer("fp32")
+    with torch.no_grad():
+        for x in (quantized((8, 48), "fp32", 4), quantized((8, 48), "fp32", 4).t().contiguous().t(),
+                  quantized((5, 48), "fp32", 5)):
+            for _ in range(2):
+                assert max_rel(f64(lin(x)), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+    assert native_plans(lin) == 3
+
+
+def test_a_plugin_registration_forgets_the_native_plans():
+    lin = layer("fp32")
+    x = quantized((8, 48), "fp32", 6)
+    with torch.no_grad():
+        lin(x), lin(x)
+        assert native_plans(lin) == 1
+
+        class Nothing:
+            pass
+        manager = get_manager()
+        manager.register(Nothing(), "nothing-native-test")
+        try:
+            y = lin(x)  # the Python way, with plans made again
+            assert native_plans(lin) in (0, 1)
+            assert max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+        finally:
+            manager.unregister(name="nothing-native-test")
+
+
+def test_double_backward_through_native_calls_records_the_gradient_products():
+    """create_graph=True: the native backward computes dX through the
+    operator, so the gradient is itself differentiable, as on the Python way."""
+    lin = layer("fp32")
+    reference = torch.nn.Linear(48, 40).double()
+    with torch.no_grad():
+        reference.weight.copy_(lin.weight.double())
+        reference.bias.copy_(lin.bias.double())
+    for step in range(3):
+        x = quantized((6, 48), "fp32", 40 + step).requires_grad_()
+        g, = torch.autograd.grad(lin(x).square().sum(), x, create_graph=True)
+        g2, = torch.autograd.grad(g.square().sum(), x)
+        xr = x.detach().double().requires_grad_()
+        r, = torch.autograd.grad(reference(xr).square().sum(), xr, create_graph=True)
+        r2, = torch.autograd.grad(r.square().sum(), xr)
+        assert max_rel(f64(g), f64(r)) <= 1e-5 and max_rel(f64(g2), f64(r2)) <= 1e-5, step
+
+
+def test_autocast_and_unfused_bias_calls_stay_on_the_python_way():
+    lin = layer("fp32")
+    x = quantized((8, 48), "fp32", 7)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            y = lin(x)
+            assert y.dtype == torch.bfloat16
+    assert native_plans(lin) == 0
+    unfused = layer("fp32", variant="stream_k")  # stream_k fuses no bias: a GEMM, then the addition
+    with torch.no_grad():
+        for _ in range(3):
+            assert max_rel(f64(unfused(x)), f64(x) @ f64(unfused.weight).T + f64(unfused.bias)) <= 1e-5
+    assert "_native" not in unfused.__dict__
+
+
+def test_the_switch_keeps_every_call_in_python():
+    code = ("import torch, dispatcher.torch as dt\n"
+            "from dispatcher.torch import native\n"
+            "print(native.extension(wait=True), native.failure())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, native.SWITCH: "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"None {native.SWITCH} is set"
+
+
+def test_native_and_python_ways_agree_bit_for_bit():
+    """The same kernels and rules: a warm native call returns exactly what
+    the Python way returns for the same inputs."""
+    lin = layer("bf16")
+    x = quantized((33, 48), "bf16", 8)
+    with torch.no_grad():
+        first = lin(x)  # the Python way
+        lin(x)
+        again = lin(x)  # native
+    assert native_plans(lin) == 1
+    assert torch.equal(first, again) and not np.isnan(f64(again)).any()
