@@ -231,10 +231,12 @@ def gpu_call(args) -> dict:
     import torch.nn.functional as F
 
     import dispatcher.torch as dt
+    from dispatcher.torch import native
 
+    native.extension(wait=True)  # Linear's native calls: built (or found) before the timing
     dev = torch.device("cuda")
     sync = torch.cuda.synchronize
-    out = {}
+    out = {"native_linear": native.failure() or "on"}
 
     def compare(name, ours: dict, theirs, calls=args.calls, capture=True):
         """Per call (the figure), and beside it host time per call and GPU

@@ -181,6 +181,44 @@ def test_linear_forward_backward_captured_and_make_graphed_callables():
         assert rel(xs.grad, x64.grad) <= 8 * BF16
 
 
+def test_linear_native_calls_on_cuda_forward_backward_and_captured():
+    """Linear's native calls (dispatcher/torch/native.py) on CUDA tensors:
+    from the third call on the forward and backward run in C++ (torch's C++
+    node), on the current stream, right against float64; a call under
+    capture (another stream) goes the Python way and replays right."""
+    from dispatcher.torch import native
+    assert native.extension(wait=True) is not None, native.failure()
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(512, 384).cuda().bfloat16()
+    ours = dt.Linear.from_linear(__import__("copy").deepcopy(ref))
+    for step in range(4):
+        x = matrix(256, 512, 10 + step).requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        y = ours(x)
+        expected = x64 @ ref.weight.double().t() + ref.bias.double()
+        assert rel(y, expected) <= BF16, step
+        if step >= 2:
+            assert type(y.grad_fn).__name__ == "CppFunction", step
+        g = matrix(256, 384, 20 + step)
+        y.backward(g)
+        expected.backward(g.double())
+        assert rel(x.grad, x64.grad) <= 2 * BF16, step
+    x = matrix(256, 512, 30)
+    with torch.no_grad():
+        ours(x)  # warm on this stream
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            ours(x)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            y = ours(x)
+        x.copy_(matrix(256, 512, 31))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(y, x.double() @ ref.weight.double().t() + ref.bias.double()) <= BF16
+
+
 def test_dispatcher_torch_runs_with_cupy_hidden(tmp_path):
     """dispatcher.torch imports and runs (forward, backward, capture) in a
     process where `import cupy` fails: every allocation is torch's."""

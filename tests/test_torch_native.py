@@ -184,3 +184,22 @@ def test_native_and_python_ways_agree_bit_for_bit():
         again = lin(x)  # native
     assert native_plans(lin) == 1
     assert torch.equal(first, again) and not np.isnan(f64(again)).any()
+
+
+def test_a_copied_or_pickled_linear_plans_its_own_calls():
+    import copy
+    import io
+    lin = layer("fp32")
+    x = quantized((8, 48), "fp32", 9)
+    with torch.no_grad():
+        lin(x), lin(x)
+    assert native_plans(lin) == 1
+    buffer = io.BytesIO()
+    torch.save(lin, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(lin), torch.load(buffer, weights_only=False)):
+        assert native_plans(other) == 0
+        with torch.no_grad():
+            for _ in range(3):
+                assert max_rel(f64(other(x)), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+        assert native_plans(other) == 1

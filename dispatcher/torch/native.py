@@ -21,6 +21,7 @@ the Python way. `extension(wait=True)` waits for it. Set
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,7 @@ class _Toolchain(CompilerMixin):
     @classmethod
     def find(cls) -> "_Toolchain":
         import torch.utils.cpp_extension as extension
-        compiler = shutil.which(__import__("os").environ.get("CXX") or "g++") or shutil.which("c++")
+        compiler = shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++")
         if not compiler:
             raise ToolchainError("no C++ compiler for dispatcher.torch's native Linear (g++ or $CXX)")
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -154,6 +155,11 @@ class LinearPlans:
         self.variant, self.autotune = variant, autotune
         self.manager = get_manager()
         self.generation = self.manager.generation
+
+    def __reduce__(self):
+        """A copied or pickled Linear (copy.deepcopy, torch.save) gets none:
+        the plans are this process's, and its copy makes its own."""
+        return type(None), ()
 
     def forward(self, x, weight, bias):
         """y for a call it has plans for, else None (the Python way runs it,
