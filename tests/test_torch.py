@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import dispatcher  # noqa: E402
 from conftest import train_losses  # noqa: E402
 import dispatcher.torch as dt  # noqa: E402
-from dispatcher.torch import ops  # noqa: E402
+from dispatcher.torch import eager, ops  # noqa: E402
 from dispatcher import dtypes  # noqa: E402
 from dispatcher.plugins import get_manager  # noqa: E402
 from dispatcher.torch.tensors import host_view, token  # noqa: E402
@@ -163,8 +163,8 @@ def test_backward_reads_transposed_views_without_copies(monkeypatch):
     a, w = _leaves(matrix(16, 32, "fp32", "r", 1), matrix(8, 32, "fp32", "r", 2))
     out = dt.gemm(a, w.t())
     grad = matrix(16, 8, "fp32", "r", 3)
-    seen, planned = [], ops._planned
-    monkeypatch.setattr(ops, "_planned", lambda key, variant, operands, **kw:
+    seen, planned = [], ops.planned
+    monkeypatch.setattr(ops, "planned", lambda key, variant, operands, **kw:
                         seen.append(operands) or planned(key, variant, operands, **kw))
     out.backward(grad)
     buffers = [host_view(t) for t in (a, w, grad)]
@@ -179,11 +179,11 @@ def test_warm_op_calls_run_their_held_plan_on_the_tensors(monkeypatch):
     plan's runner on the tensors themselves (no numpy view, no new plan),
     right against the float64 reference; a new shape, stride or dtype
     plans again, and so does every kind after a plugin registration."""
-    monkeypatch.setattr(ops, "_HELD", {})
+    monkeypatch.setattr(eager, "_HELD", {})
     made, views = [], []
-    plan, for_target = dispatcher.plan, ops.for_target
+    plan, for_target = dispatcher.plan, eager.for_target
     monkeypatch.setattr(dispatcher, "plan", lambda *x, **kw: made.append(x) or plan(*x, **kw))
-    monkeypatch.setattr(ops, "for_target", lambda t, target: views.append(t) or for_target(t, target))
+    monkeypatch.setattr(eager, "for_target", lambda t, target: views.append(t) or for_target(t, target))
     a, w, bias = matrix(24, 40, "fp32", "r", 1), matrix(16, 40, "fp32", "r", 2), matrix(1, 16, "fp32", "r", 3)[0]
     linear = torch.nn.Linear(40, 16)
     with torch.no_grad():
@@ -260,13 +260,13 @@ def test_variant_and_autotune_reach_the_backward_gemms(monkeypatch):
     """Both travel with the op into its backward; autotune itself is
     dispatcher.gemm's (here switched off after the record, to build nothing more)."""
     a, b = _leaves(matrix(12, 16, "fp32", "r", 1), matrix(16, 8, "fp32", "r", 2))
-    seen, planned = [], ops._planned
+    seen, planned = [], ops.planned
 
     def spy(key, variant, operands, **kw):
         seen.append((variant, kw["autotune"]))
         return planned(key, variant, operands, **{**kw, "autotune": False})
 
-    monkeypatch.setattr(ops, "_planned", spy)
+    monkeypatch.setattr(ops, "planned", spy)
     out = dt.gemm(a, b, variant="stream_k", autotune=True)
     out.backward(matrix(12, 8, "fp32", "r", 3))
     assert seen == [("stream_k", True)] * 3

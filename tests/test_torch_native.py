@@ -203,3 +203,24 @@ def test_a_copied_or_pickled_linear_plans_its_own_calls():
             for _ in range(3):
                 assert max_rel(f64(other(x)), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
         assert native_plans(other) == 1
+
+
+@pytest.mark.parametrize("layout", ["rr", "rc", "cr"])
+def test_gemm_products_without_gradients_run_natively(layout):
+    """dispatcher.torch.gemm's plain products (no c, config, out_dtype;
+    alpha 1) that want no gradient run natively from their second call,
+    any operand layout; one that wants a gradient stays on the operator."""
+    native.gemm_plans("regular", None).plans.clear()
+    a = quantized((19, 48), "fp32", 11)
+    b = quantized((48, 23), "fp32", 12)
+    if layout[0] == "c":
+        a = a.t().contiguous().t()
+    if layout[1] == "c":
+        b = b.t().contiguous().t()
+    for _ in range(3):
+        assert max_rel(f64(dt.gemm(a, b)), f64(a) @ f64(b)) <= 1e-6
+    assert len(native.gemm_plans("regular", None).plans) == 1
+    leaf = a.clone().requires_grad_()
+    y = dt.gemm(leaf, b)
+    assert type(y.grad_fn).__name__ != "CppFunction" and max_rel(f64(y), f64(a) @ f64(b)) <= 1e-6
+    assert len(native.gemm_plans("regular", None).plans) == 1

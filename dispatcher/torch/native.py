@@ -1,4 +1,5 @@
-"""`Linear`'s warm eager calls in C++ (native_linear.cpp), forward and backward.
+"""`Linear`'s warm eager calls in C++ (native_linear.cpp), forward and backward,
+and `gemm`'s products that want no gradient.
 
 A Linear call through the Python operator costs microseconds per step (the
 plan's key and lookup, the argument block, an autograd.Function and its
@@ -37,7 +38,7 @@ from dispatcher.build import BuildCache, GeneratedSource
 from dispatcher.errors import ToolchainError
 from dispatcher.plugins import get_manager
 from dispatcher.targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
-from dispatcher.torch import ops
+from dispatcher.torch import eager
 from dispatcher.torch.tensors import torch_types
 
 NAME = "dispatcher_torch_native"
@@ -169,33 +170,52 @@ class LinearPlans:
             self.plans.clear()  # a plugin registration: what selection chooses may have changed
             self.manager, self.generation = get_manager(), get_manager().generation
             return None
-        if not ops.plain_eager((x, weight, bias)):
+        if not eager.plain_eager((x, weight, bias)):
             return None
         return self.plans.forward(x, weight, bias)
 
-    def learn(self, x, weight, bias):
+    def learn(self, x, weight, bias, backward: bool = True):
         """After the Python way ran a call (x, weight, bias): plan calls like
         it natively where the Python way holds their launches bound: this
-        call's forward GEMM and, once a backward ran, the backward GEMMs of
-        a row-major gradient. Nothing where a launch cannot run natively."""
-        if x.dim() != 2 or not ops.plain_eager((x, weight, bias)):
+        call's forward GEMM and, once a backward ran (and if `backward`),
+        the backward GEMMs of a row-major gradient. Nothing where a launch
+        cannot run natively."""
+        if x.dim() != 2 or not eager.plain_eager((x, weight, bias)):
             return
         transposed = weight.t()
-        forward = _launch(ops.linear_key(x, transposed, bias, self.variant, self.autotune) if bias is not None
-                          else ops.gemm_key(x, transposed, self.variant, 1.0, None, self.autotune))
+        forward = _launch(eager.linear_key(x, transposed, bias, self.variant, self.autotune) if bias is not None
+                          else eager.gemm_key(x, transposed, self.variant, 1.0, None, self.autotune))
         if forward is None:
             return
-        dy = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-        dx = _launch(ops.gemm_key(dy, weight, self.variant, 1.0, None, self.autotune))
-        dw = _launch(ops.gemm_key(dy.t(), x, self.variant, 1.0, None, self.autotune))
-        if dx is None or dw is None:
-            dx = dw = None
+        dx = dw = None
+        if backward:
+            dy = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+            dx = _launch(eager.gemm_key(dy, weight, self.variant, 1.0, None, self.autotune))
+            dw = _launch(eager.gemm_key(dy.t(), x, self.variant, 1.0, None, self.autotune))
+            if dx is None or dw is None:
+                dx = dw = None
         self.plans.add(x, weight, bias, forward, dx, dw, self.variant, self.autotune)
+
+
+def gemm_plans(variant: str, autotune) -> LinearPlans | None:
+    """The native plans of `dispatcher.torch.gemm`'s plain products without
+    gradients (a @ b as linear(a, b^T), no backward) of one variant and
+    autotune setting; None while the module is not loaded."""
+    found = _GEMM_PLANS.get((variant, autotune))
+    if found is None:
+        module = extension()
+        if module is None:
+            return None
+        found = _GEMM_PLANS[(variant, autotune)] = LinearPlans(module, variant, autotune)
+    return found
+
+
+_GEMM_PLANS: dict = {}  # (variant, autotune) -> LinearPlans of dispatcher.torch.gemm
 
 
 def _launch(key):
     """The native launch of the Python way's held plan for `key`, or None."""
-    held = ops.held_plan(key)
+    held = eager.held_plan(key)
     if held is None or held.order is None or not held.plan.current():
         return None
     found = held.plan.native_launch(held.order, held.scalars)

@@ -28,15 +28,16 @@ from typing import Optional
 import torch
 
 import dispatcher
-from dispatcher.api import RUNNERS_KEPT, exact_key, operands_key
 from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, DispatcherError, ProblemError, UnsupportedProblem
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
+from dispatcher.torch import native
+from dispatcher.torch.eager import any_autocast, gemm_key, linear_key, plain, planned
 from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
                                       out_dtype_of, output_dtype, readable, target_of, token)
 
 _CONFIGS: dict = {}
+_grad_enabled = torch.is_grad_enabled
 
 # The operators are defined with `torch.library.Library` (a schema, a
 # Python kernel for CPU and CUDA, a fake kernel, autograd), not
@@ -81,43 +82,20 @@ class _Operator:
                 "forward": staticmethod(forward), "backward": staticmethod(backward)})
             # autograd.Function.apply's C++ part: its Python wrapper binds
             # default arguments and unwraps functorch's dead wrappers, for
-            # calls that `_plain` sends elsewhere (~5 us a call).
+            # calls that `plain` sends elsewhere (~5 us a call).
             self.apply = super(torch.autograd.Function, self.function).apply
         self.kernel, self.tensors = kernel, tensors  # the leading `tensors` arguments are the tensors
         self.operator = getattr(torch.ops.gemm_dispatcher, name).default
 
     def __call__(self, *args):
         tensors = args[:self.tensors]
-        if not _plain(tensors):
+        if not plain(tensors):
             return self.operator(*args)
         if self.function is not None and _grad_enabled():
             for t in tensors:  # a loop, not any(...): this runs on every call
                 if t is not None and t.requires_grad:
                     return self.apply(*args)
         return self.kernel(*args)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # a Parameter adds no behaviour to a call
-# Whether autocast is on for any device (a private torch function; where a
-# torch lacks it, say yes and let `autocast` ask per device).
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
-_function_mode = torch._C._is_torch_function_mode_enabled
-_transform = torch._C._functorch.peek_interpreter_stack
-_grad_enabled = torch.is_grad_enabled
-_compiling = torch.compiler.is_compiling
-
-
-def _plain(tensors) -> bool:
-    """Whether an eager call on `tensors` may skip torch's dispatcher (see
-    `_Operator`): not traced, no mode or transform active, every tensor a
-    plain torch.Tensor on a CPU or CUDA device."""
-    if _compiling() or _dispatch_mode() is not None or _function_mode() or \
-            _transform() is not None:
-        return False
-    for t in tensors:  # a loop, not all(...): this runs on every call
-        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu)):
-            return False
-    return True
 
 
 def config_key(config) -> Optional[str]:
@@ -163,60 +141,6 @@ def _in_torch_words(left: torch.Tensor, right: torch.Tensor, **named):
         check_readable(name, t)
 
 
-# --------------------------------------------------------- planned calls
-# The held plan (`dispatcher.plan`) of each kind of plain eager call, by
-# everything the plan depends on: the op, its options and `operands_key` of
-# its tensors. A warm call runs the plan's runner on the tensors themselves
-# (a CPU tensor's memory is what the plan's numpy view of it read; the
-# result is a new tensor on the inputs' device), skipping the numpy views,
-# `dispatcher.run`'s own key and the result's wrapping.
-_HELD: dict = {}
-
-
-def held_plan(key):
-    """The held plan of the calls of `key` (`gemm_key`, `linear_key`), or None."""
-    return _HELD.get(key) if key is not None else None
-
-
-def gemm_key(a, b, variant: str, alpha: float, out_dtype, autotune):
-    """The key of a plain `gemm_dispatcher::gemm` call (c and config None), or None."""
-    key = operands_key(a, b)
-    return None if key is None else ("gemm", variant, exact_key(alpha), out_dtype, autotune, key)
-
-
-def linear_key(x, transposed, bias, variant: str, autotune):
-    """The key of a `gemm_dispatcher::linear` call (config None) on x and
-    weight.t(), or None."""
-    key = operands_key(x, transposed) if bias is None else operands_key(x, transposed, bias)
-    return None if key is None else ("linear", variant, autotune, bias is None, key)
-
-
-def plain_eager(tensors) -> bool:
-    """Whether a call on `tensors` (None entries skipped) is a plain eager
-    call that autocast leaves alone: what native code may run itself."""
-    return _plain(tensors) and not _any_autocast()
-
-
-def _planned(key, variant: str, operands: dict, **options):
-    """`dispatcher.run(variant, **operands, **options)` on tensors
-    (operand name -> tensor or None, the first one `a`'s), through the plan
-    held by `key` (None: the call has none, e.g. tensors on two devices)."""
-    held = _HELD.get(key) if key is not None else None
-    if held is not None:
-        runner = held.runner()
-        if runner is not None:
-            return runner(*[operands[name] for name in held.order])
-    target = target_of(*operands.values())
-    arrays = {name: for_target(t, target) for name, t in operands.items() if t is not None}
-    if key is None:
-        return from_target(dispatcher.run(variant, **arrays, **options))
-    if held is None or not held.plan.current():  # new, or made before a plugin registration
-        if len(_HELD) >= RUNNERS_KEPT:  # many shapes: start again rather than keep them all
-            _HELD.clear()
-        held = _HELD[key] = dispatcher.plan(variant, **arrays, **options)
-    return from_target(held(**arrays))  # its first call binds the kernel; the runner serves the next
-
-
 # ------------------------------------------------------------------ gemm
 def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, alpha: float = 1.0,
           beta: float = 0.0, out_dtype: Optional[torch.dtype] = None, variant: str = "regular",
@@ -225,7 +149,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
     if c is None and config is None:  # the plain call (a backward's too): a held plan
         key = gemm_key(a, b, variant, alpha, out_dtype, autotune)
         try:
-            return _planned(key, variant, {"a": a, "b": b}, alpha=alpha,
+            return planned(key, variant, {"a": a, "b": b}, alpha=alpha,
                             out_dtype=None if out_dtype is None else token(out_dtype), autotune=autotune)
         except DispatcherError:
             _in_torch_words(a, b, a=a, b=b)
@@ -287,7 +211,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     transposed = weight.t()
     key = linear_key(x, transposed, bias, variant, autotune) if config is None else None
     try:
-        return _planned(key, variant, {"a": x, "b": transposed, "bias": bias}, config=_config(config),
+        return planned(key, variant, {"a": x, "b": transposed, "bias": bias}, config=_config(config),
                         autotune=autotune)
     except UnsupportedProblem:  # no fused kernel reads these operands in place (cuda: misaligned ones)
         target = target_of(x, weight, bias)
@@ -371,7 +295,7 @@ def autocast(*tensors) -> tuple:
     their device: floating ones cast to the autocast dtype (bf16 or fp16);
     unchanged when autocast is off. Differentiable (a cast), and traced by
     torch.compile like any cast."""
-    if not _any_autocast():  # the common case, without asking each tensor its device
+    if not any_autocast():  # the common case, without asking each tensor its device
         return tensors
     device = next((t.device.type for t in tensors if t is not None), None)
     if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):  # meta has no autocast
@@ -396,10 +320,22 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     backward GEMMs too; each problem is tuned once, on its first call, so
     make that call before capturing a CUDA graph. Under `torch.autocast`,
     floating inputs are cast to the autocast dtype first, as for torch.mm.
+    A plain product (no c, config or out_dtype, alpha 1) that wants no
+    gradient runs natively once planned (docs/pytorch.md, "Native calls").
     """
+    plans = None
+    if c is None and config is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and \
+            not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and a.dim() == b.dim() == 2:
+        plans = native.gemm_plans(variant, autotune)
+        if plans is not None:  # a @ b is linear(a, b^T)
+            y = plans.forward(a, b.t(), None)
+            if y is not None:
+                return y
     a, b, c = autocast(a, b, c)
-    return _GEMM(a, b, c, alpha, beta, out_dtype_of(out_dtype), variant,
-                                          config_key(config), autotune)
+    y = _GEMM(a, b, c, alpha, beta, out_dtype_of(out_dtype), variant, config_key(config), autotune)
+    if plans is not None:
+        plans.learn(a, b.t(), None, backward=False)
+    return y
 
 
 # ------------------------------------------------------------ grouped_mm
