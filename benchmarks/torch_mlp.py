@@ -221,6 +221,8 @@ def versions(device) -> dict:
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__,
             "machine": platform.machine(), "node": platform.node(),
             "command": " ".join(["python3", *sys.argv]), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    from dispatcher.torch import native
+    info["native_linear"] = native.failure() or ("on" if native.extension() is not None else "loading")
     if device.type == "cuda":
         info.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                     capability=".".join(map(str, torch.cuda.get_device_capability(device))))
@@ -268,6 +270,8 @@ def main():
     ap.add_argument("--grid", action="store_true", help="every cell of d x tokens (module docstring)")
     ap.add_argument("--modes", default=",".join(GRID_MODES), help="--grid's modes, comma-separated")
     args = ap.parse_args()
+    from dispatcher.torch import native
+    native.extension(wait=True)  # Linear's native calls (docs/pytorch.md): built or found before any timing
     if args.grid:
         if not torch.cuda.is_available():
             sys.exit("--grid needs a CUDA GPU")
