@@ -7,6 +7,18 @@ import numpy as np
 import pytest
 
 
+def pytest_configure(config):
+    """Unless a run selects `native` or `gpu` tests, Linear's native module
+    (a ~30 s build against torch's headers, docs/pytorch.md "Native
+    calls") is switched off, so the fast suite and the other CPU runs never
+    build it in the background; `-m native` tests it (CI runs that after
+    the fast suite), and `-m gpu` runs with it as users do. A switch
+    already set is kept."""
+    wanted = (config.getoption("markexpr", "") or "").replace("not native", "").replace("not gpu", "")
+    if "native" not in wanted and "gpu" not in wanted:
+        os.environ.setdefault("DISPATCHER_NO_NATIVE_TORCH", "1")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
     """A fresh build cache per run, or $DISPATCHER_TEST_CACHE_DIR (e.g. kernels

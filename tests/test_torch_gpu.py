@@ -181,6 +181,7 @@ def test_linear_forward_backward_captured_and_make_graphed_callables():
         assert rel(xs.grad, x64.grad) <= 8 * BF16
 
 
+@pytest.mark.native
 def test_linear_native_calls_on_cuda_forward_backward_and_captured():
     """Linear's native calls (dispatcher/torch/native.py) on CUDA tensors:
     from the third call on the forward and backward run in C++ (torch's C++

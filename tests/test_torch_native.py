@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.native
 
 import dispatcher.torch as dt  # noqa: E402
 from dispatcher import dtypes  # noqa: E402
