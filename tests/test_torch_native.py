@@ -161,7 +161,7 @@ def test_autocast_and_unfused_bias_calls_stay_on_the_python_way():
     with torch.no_grad():
         for _ in range(3):
             assert max_rel(f64(unfused(x)), f64(x) @ f64(unfused.weight).T + f64(unfused.bias)) <= 1e-5
-    assert "_native" not in unfused.__dict__
+    assert unfused.__dict__.get("_native") is None
 
 
 def test_the_switch_keeps_every_call_in_python():
@@ -225,3 +225,80 @@ def test_gemm_products_without_gradients_run_natively(layout):
     y = dt.gemm(leaf, b)
     assert type(y.grad_fn).__name__ != "CppFunction" and max_rel(f64(y), f64(a) @ f64(b)) <= 1e-6
     assert len(native.gemm_plans("regular", None).plans) == 1
+
+
+def test_a_layer_whose_settings_change_makes_new_plans():
+    """variant, autotune and config are read on every call, as on the
+    Python way: a config set after warm-up is checked (and refused here),
+    a new variant runs its own kernels."""
+    import dispatcher
+    lin = layer("fp32")
+    x = quantized((8, 48), "fp32", 13)
+    with torch.no_grad():
+        lin(x), lin(x), lin(x)
+        assert native_plans(lin) == 1
+        lin.config = dt.config_key({"tile_m": 12345})
+        with pytest.raises(dispatcher.ConfigError):
+            lin(x)
+        lin.config = None
+        lin.variant, lin.bias = "stream_k", None  # stream_k: a plain GEMM (it fuses no bias)
+        for _ in range(3):
+            assert max_rel(f64(lin(x)), f64(x) @ f64(lin.weight).T) <= 1e-5
+        assert lin.__dict__["_native"].settings[0] == "stream_k"
+
+
+def test_a_first_layer_trains_natively_without_a_gradient_of_its_input():
+    """x without a gradient, the weight with one: the backward needs dW
+    only, which the first backward plans."""
+    lin = layer("fp32")
+    for step in range(4):
+        x = quantized((12, 48), "fp32", 50 + step)
+        y = lin(x)
+        if step >= 2:
+            assert type(y.grad_fn).__name__ == "CppFunction", step
+        dy = quantized((12, 40), "fp32", 60 + step)
+        y.backward(dy)
+        assert max_rel(f64(lin.weight.grad), f64(dy).T @ f64(x)) <= 1e-5, step
+        lin.zero_grad()
+
+
+def test_a_column_major_input_gets_its_gradient_in_its_layout():
+    """The native backward writes row-major gradients, so a column-major
+    input's gradient stays on the Python way, laid out as the input."""
+    lin = layer("fp32")
+    for step in range(3):
+        x = quantized((16, 48), "fp32", 70 + step).t().contiguous().t().requires_grad_()
+        view = x * 1.0  # column-major too; its hook sees the gradient as the layer returns it
+        seen = []
+        view.register_hook(lambda g: seen.append(g.stride()))
+        lin(view).backward(quantized((16, 40), "fp32", 80 + step))
+        assert seen == [view.stride()], step
+        assert max_rel(f64(x.grad), f64(quantized((16, 40), "fp32", 80 + step)) @ f64(lin.weight)) <= 1e-5
+
+
+def test_negative_views_are_resolved_not_read_as_their_memory():
+    lin = layer("fp32")
+    x = quantized((8, 48), "fp32", 14)
+    w = quantized((48, 12), "fp32", 15)
+    with torch.no_grad():
+        for _ in range(3):
+            assert max_rel(f64(lin(torch._neg_view(x))), -f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+            assert max_rel(f64(dt.gemm(torch._neg_view(x), w)), -f64(x) @ f64(w)) <= 1e-6
+            assert max_rel(f64(dt.gemm(x, torch._neg_view(w))), -f64(x) @ f64(w)) <= 1e-6
+
+
+def test_gemm_compiles_in_a_full_graph_and_refuses_non_tensors_as_before():
+    a, b = quantized((8, 48), "fp32", 16), quantized((48, 12), "fp32", 17)
+    compiled = torch.compile(lambda x, y: dt.gemm(x, y), fullgraph=True, backend="eager")
+    assert max_rel(f64(compiled(a, b)), f64(a) @ f64(b)) <= 1e-6
+    with pytest.raises((TypeError, RuntimeError)):
+        dt.gemm(np.ones((8, 48), np.float32), b)
+
+
+def test_the_plans_of_many_shapes_are_bounded():
+    lin = layer("fp32")
+    with torch.no_grad():
+        for m in range(1, 71):
+            x = quantized((m, 48), "fp32", m)
+            lin(x), lin(x)
+    assert 0 < native_plans(lin) <= 64

@@ -4,7 +4,7 @@ one, and the plans they run.
 A plain eager call (`plain`) is one torch would send straight to the
 operator's kernel: not traced, no dispatch or function mode, no functorch
 transform, every tensor a plain tensor (or Parameter) on a CPU or CUDA
-device. The operators skip torch's dispatcher for them (`ops._Operator`),
+device whose memory holds its values (not a negative view). The operators skip torch's dispatcher for them (`ops._Operator`),
 and run each kind of call through a plan held by a key of everything the
 plan depends on (`gemm_key`, `linear_key`, `planned`); the native Linear
 (`native.py`) hands those plans' launches to C++.
@@ -35,7 +35,7 @@ def plain(tensors) -> bool:
             _transform() is not None:
         return False
     for t in tensors:  # a loop, not all(...): this runs on every call
-        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu)):
+        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu) or t.is_neg()):
             return False
     return True
 

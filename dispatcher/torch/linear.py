@@ -60,14 +60,19 @@ class Linear(torch.nn.Linear):
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def _native_plans(self, fused: bool):
-        """This layer's native plans (dispatcher/torch/native.py), made once
-        the module is loaded; None while it is not, or where a call has more
-        than one GEMM with its fused bias: a config given, an unfused bias."""
+        """This layer's native plans (dispatcher/torch/native.py) for its
+        current settings, made once the module is loaded; None while it is
+        not, or where a call is more than one GEMM with its fused bias (an
+        unfused bias) or names its kernel (a config)."""
         plans = self.__dict__.get("_native")
-        if plans is None and self.config is None and (fused or self.bias is None):
+        settings = (self.variant, self.autotune, self.config, fused)
+        if plans is not None and plans.settings == settings:
+            return plans
+        plans = self.__dict__["_native"] = None  # none yet, or made for settings since changed
+        if self.config is None and (fused or self.bias is None):
             module = native.extension()
             if module is not None:
-                plans = self.__dict__["_native"] = native.LinearPlans(module, self.variant, self.autotune)
+                plans = self.__dict__["_native"] = native.LinearPlans(module, self.variant, self.autotune, settings)
         return plans
 
     def extra_repr(self) -> str:

@@ -21,6 +21,7 @@ the Python way. `extension(wait=True)` waits for it. Set
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -36,6 +37,7 @@ import torch
 from dispatcher import environ
 from dispatcher.build import BuildCache, GeneratedSource
 from dispatcher.errors import ToolchainError
+from dispatcher.library import GemmArgs
 from dispatcher.plugins import get_manager
 from dispatcher.targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 from dispatcher.torch import eager
@@ -90,7 +92,13 @@ class _Toolchain(CompilerMixin):
 
 
 class _Loader:
-    """The module, built and imported once per process, in the background."""
+    """The module, built and imported once per process, in the background.
+
+    The build runs in a child process of its own session (`build_library`),
+    so a process that exits while it compiles leaves it to finish and
+    publish the library into the build cache for the next one; the thread
+    here waits for it and imports what it built. A process forked while the
+    build runs starts over in the child (the thread is not forked)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -114,15 +122,21 @@ class _Loader:
             self.done.wait()
         return self.module
 
+    def forked(self):
+        if self.module is None:
+            self.__init__()
+
     def _load(self):
         try:
-            source = GeneratedSource(_Extension(NAME, torch.__version__), ((f"{NAME}.cpp", SOURCE.read_text()),))
-            built = BuildCache().build(source, _Toolchain.find())
-            spec = importlib.util.spec_from_file_location(NAME, built.path)
+            child = subprocess.run([sys.executable, "-c", f"from {__name__} import build_library; build_library()"],
+                                   capture_output=True, text=True, start_new_session=True)
+            if child.returncode != 0:
+                lines = (child.stderr.strip() or f"exit status {child.returncode}").splitlines()
+                raise RuntimeError(lines[-1])
+            path = child.stdout.strip().splitlines()[-1]
+            spec = importlib.util.spec_from_file_location(NAME, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            from dispatcher.library import GemmArgs
-            import ctypes
             if module.ARGS_BYTES != ctypes.sizeof(GemmArgs):
                 raise RuntimeError(f"{NAME} was built for another ABI: its argument block has "
                                    f"{module.ARGS_BYTES} bytes, dispatcher's {ctypes.sizeof(GemmArgs)}")
@@ -133,7 +147,15 @@ class _Loader:
             self.done.set()
 
 
+def build_library():
+    """Build the module into the build cache (or find it there) and print
+    its path: the body of the loader's child process."""
+    source = GeneratedSource(_Extension(NAME, torch.__version__), ((f"{NAME}.cpp", SOURCE.read_text()),))
+    print(BuildCache().build(source, _Toolchain.find()).path)
+
+
 _LOADER = _Loader()
+os.register_at_fork(after_in_child=_LOADER.forked)
 
 
 def extension(wait: bool = False):
@@ -149,13 +171,17 @@ def failure() -> str | None:
 
 
 class LinearPlans:
-    """One Linear's calls that run in C++ (module docstring)."""
+    """One Linear's calls that run in C++ (module docstring), for the
+    settings it was made with (`settings`: the layer's variant, autotune,
+    config and whether its bias is fused; a layer whose settings change
+    makes new plans)."""
 
-    def __init__(self, module, variant: str, autotune):
+    def __init__(self, module, variant: str, autotune, settings=None):
         self.plans = module.Plans()
-        self.variant, self.autotune = variant, autotune
+        self.variant, self.autotune, self.settings = variant, autotune, settings
         self.manager = get_manager()
         self.generation = self.manager.generation
+        self.fruitless = 0  # `learn` calls in a row that planned nothing new
 
     def __reduce__(self):
         """A copied or pickled Linear (copy.deepcopy, torch.save) gets none:
@@ -178,23 +204,38 @@ class LinearPlans:
         """After the Python way ran a call (x, weight, bias): plan calls like
         it natively where the Python way holds their launches bound: this
         call's forward GEMM and, once a backward ran (and if `backward`),
-        the backward GEMMs of a row-major gradient. Nothing where a launch
-        cannot run natively."""
+        the backward GEMM of each input that wants a gradient, for a
+        row-major gradient (so only where x and the weight are row-major:
+        each gradient is laid out as its input, as on the Python way).
+        Nothing where a launch cannot run natively. A call whose plans stay
+        incomplete (a gradient wanted, no backward run) retries at
+        doubling intervals, not on every call."""
         if x.dim() != 2 or not eager.plain_eager((x, weight, bias)):
             return
+        self.fruitless += 1
+        if self.fruitless & (self.fruitless - 1):
+            return
+        have = self.plans.planned(x, weight, bias)
         transposed = weight.t()
         forward = _launch(eager.linear_key(x, transposed, bias, self.variant, self.autotune) if bias is not None
                           else eager.gemm_key(x, transposed, self.variant, 1.0, None, self.autotune))
         if forward is None:
             return
         dx = dw = None
-        if backward:
+        if backward and _row_major(x) and _row_major(weight):
             dy = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-            dx = _launch(eager.gemm_key(dy, weight, self.variant, 1.0, None, self.autotune))
-            dw = _launch(eager.gemm_key(dy.t(), x, self.variant, 1.0, None, self.autotune))
-            if dx is None or dw is None:
-                dx = dw = None
+            if not have & 2:
+                dx = _launch(eager.gemm_key(dy, weight, self.variant, 1.0, None, self.autotune))
+            if not have & 4:
+                dw = _launch(eager.gemm_key(dy.t(), x, self.variant, 1.0, None, self.autotune))
+        if have and dx is None and dw is None:
+            return  # nothing new
         self.plans.add(x, weight, bias, forward, dx, dw, self.variant, self.autotune)
+        self.fruitless = 0
+
+
+def _row_major(t) -> bool:
+    return t.stride(1) == 1 and t.stride(0) == t.shape[1]
 
 
 def gemm_plans(variant: str, autotune) -> LinearPlans | None:

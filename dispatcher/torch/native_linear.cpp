@@ -97,7 +97,7 @@ Launch launch_of(const py::tuple& spec) {
 }
 
 // What a Linear call's plans depend on.
-using Key = std::array<int64_t, 19>;
+using Key = std::array<int64_t, 21>;
 
 int64_t stream_of(const at::Tensor& t) {
     if (!t.is_cuda()) return 0;
@@ -113,8 +113,13 @@ Key key_of(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Ten
             b ? bias->size(0) : -1, b ? bias->stride(0) : -1, int64_t(x.scalar_type()),
             int64_t(w.scalar_type()), b ? int64_t(bias->scalar_type()) : -1, int64_t(x.device().type()),
             x.device().index(), stream_of(x), b ? int64_t(bias->device().type()) : -1,
-            int64_t(w.device().type()), aligned(x) | aligned(w) << 1 | (b && aligned(*bias)) << 2};
+            int64_t(w.device().type()), aligned(x) | aligned(w) << 1 | (b && aligned(*bias)) << 2,
+            w.device().index(), b ? bias->device().index() : -1};
 }
+
+// Whether native launches can take `t` as it is: a view whose values are
+// not its memory's (torch's negative bit, a zero tensor) must be resolved.
+bool plain_memory(const at::Tensor& t) { return !t.is_neg() && !t.is_conj() && !t._is_zerotensor(); }
 
 // Held by the Plans that made it and by every autograd graph recorded with
 // it (until that graph's backward has run or it is freed).
@@ -162,8 +167,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
         } else {
             // the planned operand: row-major in x's dtype (an expanded or cast gradient is made so once)
             const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
-            if (ctx->needs_input_grad(0)) dx = (*p->dx)(dy, w);
-            if (ctx->needs_input_grad(1)) dw = (*p->dw)(dy.t(), x);
+            // a CUDA plan holds for an aligned gradient (contiguous() keeps a view's offset): the
+            // operator stages any other
+            const bool planned = !dy.is_cuda() || aligned(dy);
+            if (ctx->needs_input_grad(0)) dx = planned && p->dx ? (*p->dx)(dy, w) : gemm_op(dy, w, *p);
+            if (ctx->needs_input_grad(1)) dw = planned && p->dw ? (*p->dw)(dy.t(), x) : gemm_op(dy.t(), x, *p);
         }
         const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
         if (bias_dtype >= 0 && ctx->needs_input_grad(2))
@@ -175,17 +183,12 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 // The plans of one Linear's calls, few shapes each, searched in order.
 class Plans {
   public:
-    // y, or None where no plan fits the call (or gradients are wanted and
-    // the backward launches are not planned yet).
+    static constexpr size_t kKept = 64;  // kinds of call before the list starts again
+
+    // y, or None where no plan fits the call (or gradients are wanted of an
+    // input whose backward launch is not planned yet).
     py::object forward(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-        if (x.dim() != 2 || w.dim() != 2 || (bias.has_value() && bias->dim() != 1)) return py::none();
-        // a CUDA kernel launches on the current device: the one its plan was made on
-        if (x.is_cuda() && c10::impl::getDeviceGuardImpl(x.device().type())->getDevice() != x.device())
-            return py::none();
-        const Key key = key_of(x, w, bias);
-        c10::intrusive_ptr<Planned> p;  // held: `add` may replace it while the kernel runs without the GIL
-        for (const auto& q : planned_)
-            if (q->key == key) p = q;
+        const c10::intrusive_ptr<Planned> p = find(x, w, bias);  // held: `add` may replace it meanwhile
         if (!p) return py::none();
         const bool grad = at::GradMode::is_enabled() &&
                           (x.requires_grad() || w.requires_grad() || (bias.has_value() && bias->requires_grad()));
@@ -193,11 +196,18 @@ class Plans {
             const at::Tensor transposed = w.t();
             return py::cast(p->forward(x, transposed, bias.has_value() ? &*bias : nullptr));
         }
-        if (!p->dx || !p->dw) return py::none();
+        if ((x.requires_grad() && !p->dx) || (w.requires_grad() && !p->dw)) return py::none();
         return py::cast(LinearFunction::apply(x, w, bias, p));
     }
 
-    // Plans calls like (x, w, bias): the forward launch and, if given, both backward launches.
+    // What is planned for calls like (x, w, bias): 1 the forward, 2 dX, 4 dW (0: nothing).
+    int planned(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+        const c10::intrusive_ptr<Planned> p = find(x, w, bias);
+        return p ? 1 | (p->dx ? 2 : 0) | (p->dw ? 4 : 0) : 0;
+    }
+
+    // Plans calls like (x, w, bias): the forward launch and the backward
+    // launches given (None: keep what is planned).
     void add(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
              const py::tuple& forward, const py::object& dx, const py::object& dw, const std::string& variant,
              std::optional<bool> autotune) {
@@ -206,15 +216,16 @@ class Plans {
         p->variant = variant;
         p->autotune = autotune;
         p->forward = launch_of(forward);
-        if (!dx.is_none() && !dw.is_none()) {
-            p->dx = std::make_shared<const Launch>(launch_of(dx.cast<py::tuple>()));
-            p->dw = std::make_shared<const Launch>(launch_of(dw.cast<py::tuple>()));
-        }
+        if (!dx.is_none()) p->dx = std::make_shared<const Launch>(launch_of(dx.cast<py::tuple>()));
+        if (!dw.is_none()) p->dw = std::make_shared<const Launch>(launch_of(dw.cast<py::tuple>()));
         for (auto& q : planned_)
             if (q->key == p->key) {
+                if (!p->dx) p->dx = q->dx;
+                if (!p->dw) p->dw = q->dw;
                 q = std::move(p);
                 return;
             }
+        if (planned_.size() >= kKept) planned_.clear();  // many shapes: start again rather than keep them all
         planned_.push_back(std::move(p));
     }
 
@@ -224,6 +235,19 @@ class Plans {
     size_t size() const { return planned_.size(); }
 
   private:
+    c10::intrusive_ptr<Planned> find(const at::Tensor& x, const at::Tensor& w,
+                                     const c10::optional<at::Tensor>& bias) const {
+        if (x.dim() != 2 || w.dim() != 2 || (bias.has_value() && bias->dim() != 1)) return {};
+        if (!plain_memory(x) || !plain_memory(w) || (bias.has_value() && !plain_memory(*bias))) return {};
+        // a CUDA kernel launches on the current device: the one its plan was made on
+        if (x.is_cuda() && c10::impl::getDeviceGuardImpl(x.device().type())->getDevice() != x.device())
+            return {};
+        const Key key = key_of(x, w, bias);
+        for (const auto& q : planned_)
+            if (q->key == key) return q;
+        return {};
+    }
+
     std::vector<c10::intrusive_ptr<Planned>> planned_;
 };
 
@@ -236,6 +260,7 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
     py::class_<Plans>(m, "Plans")
         .def(py::init<>())
         .def("forward", &Plans::forward, py::arg("x"), py::arg("weight"), py::arg("bias"))
+        .def("planned", &Plans::planned)
         .def("add", &Plans::add)
         .def("clear", &Plans::clear)
         .def("__len__", &Plans::size);

@@ -324,8 +324,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     gradient runs natively once planned (docs/pytorch.md, "Native calls").
     """
     plans = None
-    if c is None and config is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and \
-            not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and a.dim() == b.dim() == 2:
+    if c is None and config is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and plain((a, b)) \
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and a.dim() == b.dim() == 2:
         plans = native.gemm_plans(variant, autotune)
         if plans is not None:  # a @ b is linear(a, b^T)
             y = plans.forward(a, b.t(), None)

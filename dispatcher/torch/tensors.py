@@ -103,7 +103,11 @@ def host_view(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 def for_target(t: torch.Tensor | None, target: str):
-    """`t` as the target takes it: a numpy view on cpu, the tensor on cuda."""
+    """`t` as the target takes it: a numpy view on cpu, the tensor on cuda;
+    a negative view (torch._neg_view, whose memory holds minus its values)
+    resolved into a tensor of its values first."""
+    if t is not None and t.is_neg():
+        t = t.resolve_neg()
     return host_view(t) if target == "cpu" else t
 
 
