@@ -263,17 +263,33 @@ def test_a_first_layer_trains_natively_without_a_gradient_of_its_input():
 
 
 def test_a_column_major_input_gets_its_gradient_in_its_layout():
-    """The native backward writes row-major gradients, so a column-major
-    input's gradient stays on the Python way, laid out as the input."""
+    """Backward launches are planned for row-major inputs only; a
+    column-major input's gradient (on the Python way, then through the
+    operator from the native backward) is laid out as the input."""
     lin = layer("fp32")
-    for step in range(3):
+    for step in range(8):
         x = quantized((16, 48), "fp32", 70 + step).t().contiguous().t().requires_grad_()
         view = x * 1.0  # column-major too; its hook sees the gradient as the layer returns it
         seen = []
         view.register_hook(lambda g: seen.append(g.stride()))
-        lin(view).backward(quantized((16, 40), "fp32", 80 + step))
+        y = lin(view)
+        y.backward(quantized((16, 40), "fp32", 80 + step))
         assert seen == [view.stride()], step
         assert max_rel(f64(x.grad), f64(quantized((16, 40), "fp32", 80 + step)) @ f64(lin.weight)) <= 1e-5
+    assert type(y.grad_fn).__name__ == "CppFunction"  # the forward runs natively all the same
+
+
+def test_calls_that_want_gradients_but_never_run_a_backward_go_native():
+    """Evaluation without no_grad: the weight wants a gradient, no backward
+    ever plans its launch; after a few calls the forward runs natively."""
+    lin = layer("fp32")
+    x = quantized((10, 48), "fp32", 90)
+    for _ in range(8):
+        y = lin(x)
+        assert max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    y.backward(quantized((10, 40), "fp32", 91))  # its backward: through the operator
+    assert max_rel(f64(lin.weight.grad), f64(quantized((10, 40), "fp32", 91)).T @ f64(x)) <= 1e-5
 
 
 def test_negative_views_are_resolved_not_read_as_their_memory():

@@ -209,7 +209,8 @@ class LinearPlans:
         each gradient is laid out as its input, as on the Python way).
         Nothing where a launch cannot run natively. A call whose plans stay
         incomplete (a gradient wanted, no backward run) retries at
-        doubling intervals, not on every call."""
+        doubling intervals, not on every call (and after a few such calls
+        the C++ side runs it anyway, its backward through the operator)."""
         if x.dim() != 2 or not eager.plain_eager((x, weight, bias)):
             return
         self.fruitless += 1

@@ -129,6 +129,7 @@ struct Planned : torch::CustomClassHolder {
     std::shared_ptr<const Launch> dx, dw;     // dX = dY @ W, dW = dY^T @ X (null: not planned)
     std::string variant;                      // the Linear's variant and autotune, for
     std::optional<bool> autotune;             // `gemm_op`
+    int misses = 0;                           // calls sent back for their backward launches (`Plans::forward`)
 };
 
 // a @ b through the operator `gemm_dispatcher::gemm` (its Python kernel, the
@@ -142,6 +143,14 @@ at::Tensor gemm_op(const at::Tensor& a, const at::Tensor& b, const Planned& p) {
                               double, std::optional<at::ScalarType>, c10::string_view,
                               std::optional<c10::string_view>, std::optional<bool>)>();
     return op.call(a, b, std::nullopt, 1.0, 0.0, std::nullopt, p.variant, std::nullopt, p.autotune);
+}
+
+// a @ b through the operator, laid out as `like` (a column-major `like`
+// gets the row-major b^T a^T viewed transposed), as the Python backward
+// (`ops._product_like`) lays out each gradient as its input.
+at::Tensor product_like(const at::Tensor& like, const at::Tensor& a, const at::Tensor& b, const Planned& p) {
+    const bool column_major = like.stride(0) == 1 && like.stride(1) != 1 && like.size(0) > 1;
+    return column_major ? gemm_op(b.t(), a.t(), p).t() : gemm_op(a, b, p);
 }
 
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -160,19 +169,14 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
         const auto saved = ctx->get_saved_variables();
         const at::Tensor &x = saved[0], &w = saved[1];
         at::Tensor dx, dw, db;
-        if (at::GradMode::is_enabled()) {  // create_graph: the operator, which records the products
-            const at::Tensor dy = grads[0].to(x.scalar_type());
-            if (ctx->needs_input_grad(0)) dx = gemm_op(dy.contiguous(), w, *p);
-            if (ctx->needs_input_grad(1)) dw = gemm_op(dy.contiguous().t(), x, *p);
-        } else {
-            // the planned operand: row-major in x's dtype (an expanded or cast gradient is made so once)
-            const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
-            // a CUDA plan holds for an aligned gradient (contiguous() keeps a view's offset): the
-            // operator stages any other
-            const bool planned = !dy.is_cuda() || aligned(dy);
-            if (ctx->needs_input_grad(0)) dx = planned && p->dx ? (*p->dx)(dy, w) : gemm_op(dy, w, *p);
-            if (ctx->needs_input_grad(1)) dw = planned && p->dw ? (*p->dw)(dy.t(), x) : gemm_op(dy.t(), x, *p);
-        }
+        // the planned operand: row-major in x's dtype (an expanded or cast gradient is made so once)
+        const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
+        // The planned launches, where they are planned (for row-major x and w), the gradient is
+        // aligned (a CUDA plan holds for one alignment class; contiguous() keeps a view's offset)
+        // and no graph is recorded (create_graph: the operator records the products).
+        const bool launches = !at::GradMode::is_enabled() && (!dy.is_cuda() || aligned(dy));
+        if (ctx->needs_input_grad(0)) dx = launches && p->dx ? (*p->dx)(dy, w) : product_like(x, dy, w, *p);
+        if (ctx->needs_input_grad(1)) dw = launches && p->dw ? (*p->dw)(dy.t(), x) : product_like(w, dy.t(), x, *p);
         const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
         if (bias_dtype >= 0 && ctx->needs_input_grad(2))
             db = grads[0].sum(0).to(at::ScalarType(bias_dtype));
@@ -184,6 +188,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 class Plans {
   public:
     static constexpr size_t kKept = 64;  // kinds of call before the list starts again
+    static constexpr int kMisses = 4;
 
     // y, or None where no plan fits the call (or gradients are wanted of an
     // input whose backward launch is not planned yet).
@@ -196,7 +201,12 @@ class Plans {
             const at::Tensor transposed = w.t();
             return py::cast(p->forward(x, transposed, bias.has_value() ? &*bias : nullptr));
         }
-        if ((x.requires_grad() && !p->dx) || (w.requires_grad() && !p->dw)) return py::none();
+        // A backward launch not planned yet: the first calls go the Python way, so the first
+        // backward plans it; after kMisses, the backward computes it through the operator.
+        if (((x.requires_grad() && !p->dx) || (w.requires_grad() && !p->dw)) && p->misses < kMisses) {
+            ++p->misses;
+            return py::none();
+        }
         return py::cast(LinearFunction::apply(x, w, bias, p));
     }
 
