@@ -388,7 +388,7 @@ def operands_key(*arrays):
     if first.is_cpu:
         key = ["cpu"]
         for x in arrays:
-            if type(x) not in plain or not x.is_cpu or x.is_neg():  # a negative view: its memory is not its values
+            if type(x) not in plain or not x.is_cpu or x.is_neg() or x._is_zerotensor():  # memory is not values
                 return None
             key.append((x.shape, x.stride(), x.dtype))
         return tuple(key)
@@ -400,7 +400,7 @@ def operands_key(*arrays):
         return None
     key = [device, stream]  # one pass, no generator: this runs on every call
     for x in arrays:
-        if type(x) not in plain or not x.is_cuda or x.get_device() != device or x.is_neg():
+        if type(x) not in plain or not x.is_cuda or x.get_device() != device or x.is_neg() or x._is_zerotensor():
             return None
         key.append((x.shape, x.stride(), x.dtype, x.data_ptr() % plans.ALIGNMENT == 0))
     return tuple(key)

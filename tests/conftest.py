@@ -7,15 +7,14 @@ import numpy as np
 import pytest
 
 
-def pytest_configure(config):
+def pytest_collection_modifyitems(config, items):
     """Unless a run selects `native` or `gpu` tests, Linear's native module
     (a ~30 s build against torch's headers, docs/pytorch.md "Native
     calls") is switched off, so the fast suite and the other CPU runs never
     build it in the background; `-m native` tests it (CI runs that after
-    the fast suite), and `-m gpu` runs with it as users do. A switch
-    already set is kept."""
-    wanted = (config.getoption("markexpr", "") or "").replace("not native", "").replace("not gpu", "")
-    if "native" not in wanted and "gpu" not in wanted:
+    the fast suite), and `-m gpu` runs with it as users do. Decided from
+    the selected tests, before any runs; a switch already set is kept."""
+    if not any(item.get_closest_marker("native") or item.get_closest_marker("gpu") for item in items):
         os.environ.setdefault("DISPATCHER_NO_NATIVE_TORCH", "1")
 
 

@@ -164,8 +164,8 @@ def test_backward_reads_transposed_views_without_copies(monkeypatch):
     out = dt.gemm(a, w.t())
     grad = matrix(16, 8, "fp32", "r", 3)
     seen, planned = [], ops.planned
-    monkeypatch.setattr(ops, "planned", lambda key, variant, operands, **kw:
-                        seen.append(operands) or planned(key, variant, operands, **kw))
+    monkeypatch.setattr(ops, "planned", lambda key, variant, operands, general, **kw:
+                        seen.append(operands) or planned(key, variant, operands, general, **kw))
     out.backward(grad)
     buffers = [host_view(t) for t in (a, w, grad)]
     assert len(seen) == 2
@@ -256,17 +256,33 @@ def test_bad_input_raises_dispatcher_errors():
         dt.gemm(a, a.t(), config=42)
 
 
+def test_the_ops_refuse_variants_of_other_problem_kinds():
+    """gemm and linear run single-GEMM variants: another kind is the
+    ConfigError dispatcher.gemm / dispatcher.run give, on every call."""
+    a, b = matrix(8, 16, "fp32"), matrix(16, 4, "fp32")
+    for _ in range(2):
+        with pytest.raises(dispatcher.ConfigError, match="runs grouped problems"):
+            dt.gemm(a, b, variant="grouped")
+        with pytest.raises(dispatcher.ConfigError, match="runs batched problems"):
+            dt.gemm(a, b, variant="batched")
+        with pytest.raises(dispatcher.ConfigError, match="declares no operands"):
+            ops.linear(a, b.t(), variant="grouped")
+
+
 def test_variant_and_autotune_reach_the_backward_gemms(monkeypatch):
     """Both travel with the op into its backward; autotune itself is
     dispatcher.gemm's (here switched off after the record, to build nothing more)."""
     a, b = _leaves(matrix(12, 16, "fp32", "r", 1), matrix(16, 8, "fp32", "r", 2))
     seen, planned = [], ops.planned
 
-    def spy(key, variant, operands, **kw):
+    def spy(key, variant, operands, general, **kw):
         seen.append((variant, kw["autotune"]))
-        return planned(key, variant, operands, **{**kw, "autotune": False})
+        return planned(key, variant, operands, general, **{**kw, "autotune": False})
 
     monkeypatch.setattr(ops, "planned", spy)
+    for name in ("gemm", "run"):  # the first call of a kind goes through them
+        entry = getattr(dispatcher, name)
+        monkeypatch.setattr(dispatcher, name, lambda *x, entry=entry, **kw: entry(*x, **{**kw, "autotune": False}))
     out = dt.gemm(a, b, variant="stream_k", autotune=True)
     out.backward(matrix(12, 8, "fp32", "r", 3))
     assert seen == [("stream_k", True)] * 3

@@ -37,6 +37,20 @@ INPUT_DTYPES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 # 0 leaves the scheduler's own rule.
 RASTER_ORDERS = {"default": 0, "along_m": 1, "along_n": 2}
 
+
+def _along_m(opts: dict, m: int, n: int, tile_m: int, tile_n: int) -> bool:
+    """Whether a kernel hands out an (m, n) problem's tiles down C's
+    columns: its raster option, or for `default` the rule of CUTLASS's
+    persistent schedulers (`get_rasterization_order`: along M when C has
+    more tile columns than rows, counted in whole clusters). The grouped
+    scheduler's own default, along M always, is estimated with that rule
+    too."""
+    if opts["raster"] != "default":
+        return opts["raster"] == "along_m"
+    rows = -(-(-(-m // tile_m)) // opts["cluster_m"]) * opts["cluster_m"]
+    columns = -(-(-(-n // tile_n)) // opts["cluster_n"]) * opts["cluster_n"]
+    return columns > rows
+
 _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer-array epilogue)
     "cooperative": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
                     "cutlass::epilogue::TmaWarpSpecializedCooperative",
@@ -260,7 +274,7 @@ class CudaTarget:
             found = cuda_model.estimate_us(m, n, k, config.layout, config.dtype_a, config.dtype_c,
                                            (config.tile_m, config.tile_n),
                                            (o["cluster_m"], o["cluster_n"]), splits, o["swizzle"],
-                                           o["raster"] == "along_m")
+                                           _along_m(o, m, n, config.tile_m, config.tile_n))
             if found is None:
                 return None
             total += found

@@ -66,8 +66,7 @@ def estimate_us(m: int, n: int, k: int, layout: str, dtype: str, out_dtype: str,
     """Microseconds the model expects for one (m, n, k) GEMM with this output
     tile (its K tile the model's own), or None when the model is absent or
     does not know the config. along_m: tiles handed out down C's columns
-    (the model's column-major CTA order), else along its rows (the model's
-    default, which it was checked with for the schedulers' own rule)."""
+    (the model's column-major CTA order), else along its rows."""
     found = _model()
     precision = _PRECISION.get((dtype, out_dtype))
     tile = (*tile_mn, _MODEL_TILE_K.get(dtype, 0))

@@ -4,7 +4,8 @@ one, and the plans they run.
 A plain eager call (`plain`) is one torch would send straight to the
 operator's kernel: not traced, no dispatch or function mode, no functorch
 transform, every tensor a plain tensor (or Parameter) on a CPU or CUDA
-device whose memory holds its values (not a negative view). The operators skip torch's dispatcher for them (`ops._Operator`),
+device whose memory holds its values (not a negative view or a zero
+tensor). The operators skip torch's dispatcher for them (`ops._Operator`),
 and run each kind of call through a plan held by a key of everything the
 plan depends on (`gemm_key`, `linear_key`, `planned`); the native Linear
 (`native.py`) hands those plans' launches to C++.
@@ -35,7 +36,8 @@ def plain(tensors) -> bool:
             _transform() is not None:
         return False
     for t in tensors:  # a loop, not all(...): this runs on every call
-        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu) or t.is_neg()):
+        if t is not None and (type(t) not in _PLAIN or not (t.is_cuda or t.is_cpu) or t.is_neg()
+                              or t._is_zerotensor()):
             return False
     return True
 
@@ -73,10 +75,14 @@ def plain_eager(tensors) -> bool:
     return plain(tensors) and not any_autocast()
 
 
-def planned(key, variant: str, operands: dict, **options):
-    """`dispatcher.run(variant, **operands, **options)` on tensors
-    (operand name -> tensor or None, the first one `a`'s), through the plan
-    held by `key` (None: the call has none, e.g. tensors on two devices)."""
+def planned(key, variant: str, operands: dict, general, **options):
+    """A plain call on tensors (operand name -> tensor or None, the first
+    one `a`'s) through the plan held by `key` (None: the call has none,
+    e.g. tensors on two devices). `general(arrays)` runs the call on the
+    arrays as the target takes them through the public entry point that
+    checks everything of it (`dispatcher.gemm` or `dispatcher.run`): the
+    first call of each key goes that way, and holds its plan
+    (`dispatcher.plan(variant, **arrays, **options)`) for the next ones."""
     held = _HELD.get(key) if key is not None else None
     if held is not None:
         runner = held.runner()
@@ -85,9 +91,11 @@ def planned(key, variant: str, operands: dict, **options):
     target = target_of(*operands.values())
     arrays = {name: for_target(t, target) for name, t in operands.items() if t is not None}
     if key is None:
-        return from_target(dispatcher.run(variant, **arrays, **options))
+        return from_target(general(arrays))
     if held is None or not held.plan.current():  # new, or made before a plugin registration
+        result = general(arrays)
         if len(_HELD) >= RUNNERS_KEPT:  # many shapes: start again rather than keep them all
             _HELD.clear()
-        held = _HELD[key] = dispatcher.plan(variant, **arrays, **options)
-    return from_target(held(**arrays))  # its first call binds the kernel; the runner serves the next
+        _HELD[key] = dispatcher.plan(variant, **arrays, **options)  # the plan that call made and bound
+        return from_target(result)
+    return from_target(held(**arrays))  # not run by a runner: its own checked path

@@ -148,9 +148,12 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None, al
     """alpha * a @ b + beta * c through dispatcher.gemm, into a new row-major tensor."""
     if c is None and config is None:  # the plain call (a backward's too): a held plan
         key = gemm_key(a, b, variant, alpha, out_dtype, autotune)
+        dtype = None if out_dtype is None else token(out_dtype)
         try:
-            return planned(key, variant, {"a": a, "b": b}, alpha=alpha,
-                            out_dtype=None if out_dtype is None else token(out_dtype), autotune=autotune)
+            return planned(key, variant, {"a": a, "b": b},
+                           lambda arrays: dispatcher.gemm(arrays["a"], arrays["b"], alpha=alpha, out_dtype=dtype,
+                                                          variant=variant, autotune=autotune),
+                           alpha=alpha, out_dtype=dtype, autotune=autotune)
         except DispatcherError:
             _in_torch_words(a, b, a=a, b=b)
             raise
@@ -211,8 +214,9 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     transposed = weight.t()
     key = linear_key(x, transposed, bias, variant, autotune) if config is None else None
     try:
-        return planned(key, variant, {"a": x, "b": transposed, "bias": bias}, config=_config(config),
-                        autotune=autotune)
+        options = dict(config=_config(config), autotune=autotune)
+        return planned(key, variant, {"a": x, "b": transposed, "bias": bias},
+                       lambda arrays: dispatcher.run(variant, **arrays, **options), **options)
     except UnsupportedProblem:  # no fused kernel reads these operands in place (cuda: misaligned ones)
         target = target_of(x, weight, bias)
         y = from_target(dispatcher.gemm(for_target(x, target), for_target(transposed, target),
