@@ -5,18 +5,20 @@ A Linear call through the Python operator costs microseconds per step (the
 plan's key and lookup, the argument block, an autograd.Function and its
 Python backward) that a small layer's kernel does not. Once the Python path
 has planned and bound a Linear's calls of one kind (its forward GEMM with the
-fused bias, and after a first backward its two backward GEMMs), its
-`LinearPlans` hands their launches (`Plan.native_launch`) to a C++ `Plans`,
-which runs later calls like it, and their backward, without Python. What it
-has no plan for (a new shape, stride, dtype, device, stream or alignment, a
-traced or mode-wrapped call, autocast, a plan with a workspace) goes the
-Python way, which is the same kernels and rules.
+fused bias, and after a first backward the backward GEMM of each input that
+wants a gradient), its `LinearPlans` hands their launches
+(`Plan.native_launch`) to a C++ `Plans`, which runs later calls like it, and
+their backward, without Python. What it has no plan for (a new shape,
+stride, dtype, device, stream or alignment, a traced or mode-wrapped call,
+autocast, a plan with a workspace) goes the Python way, which is the same
+kernels and rules.
 
 The module is built from source into the build cache (`BuildCache`, keyed by
 the source, the compiler, torch's version and the ABI header) the first time
-a process asks for it, in a background thread: until it is loaded, calls go
-the Python way. `extension(wait=True)` waits for it. Set
-`DISPATCHER_NO_NATIVE_TORCH=1` to keep every call in Python.
+a process asks for it, by a child process that a background thread waits
+for: until it is loaded, calls go the Python way. `extension(wait=True)`
+waits for it. Set `DISPATCHER_NO_NATIVE_TORCH=1` to keep every call in
+Python.
 """
 
 from __future__ import annotations
