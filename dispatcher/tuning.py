@@ -199,8 +199,13 @@ class TuningDatabase:
     def export(self, path, about: str, target: str | None = None) -> int:
         """Write this database's rows (of `target` only, if given) to a JSON
         file of shipped winners (`SHIPPED_DIR`); about: the GPU or CPU and
-        the commands that measured them. Returns the row count."""
+        the commands that measured them. Returns the row count; a
+        DispatcherError, with nothing written, where there are none."""
         rows = [{**r, "config": json.loads(r["config"])} for r in self.entries(target)]
+        if not rows:
+            raise DispatcherError(f"the tuning database {self.path} has no winners"
+                                  f"{' for target ' + target if target else ''} to export: run "
+                                  "`gemm-dispatcher sweep` first")
         path = Path(path)
         partial = path.with_name(f".{path.name}.partial")
         partial.write_text(json.dumps({"about": about, "rows": rows}, indent=1) + "\n")
