@@ -7,6 +7,7 @@ import torch
 
 from dispatcher.plugins import get_manager
 from dispatcher.torch import native
+from dispatcher.torch.eager import plain_eager
 from dispatcher.torch.ops import config_key, gemm, linear
 
 
@@ -45,18 +46,19 @@ class Linear(torch.nn.Linear):
         flat = x.dim() == 2
         rows = x if flat else x.reshape(-1, self.in_features)
         fused = self.bias is not None and _fuses_bias(self.variant)
-        native = None if _compiling() else self._native_plans(fused)  # traced: the operator, always
-        y = native.forward(rows, self.weight, self.bias) if native is not None else None
+        # traced, under a mode or autocast: the operator, always
+        plans = self._native_plans(fused) if plain_eager((rows, self.weight, self.bias)) else None
+        y = plans.forward(rows, self.weight, self.bias) if plans is not None else None
         if y is None:
-            if self.bias is None or fused:  # the bias (if any) in the kernel's epilogue
+            if fused:  # the bias in the kernel's epilogue
                 y = linear(rows, self.weight, self.bias, variant=self.variant, config=self.config,
-                           autotune=self.autotune) if fused else \
-                    gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
-                if native is not None:
-                    native.learn(rows, self.weight, self.bias)
+                           autotune=self.autotune)
             else:
                 y = gemm(rows, self.weight.t(), variant=self.variant, config=self.config, autotune=self.autotune)
-                y = y + self.bias.to(y.dtype)  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
+                if self.bias is not None:  # in y's dtype: the autocast dtype under torch.autocast, as nn.Linear
+                    y = y + self.bias.to(y.dtype)
+            if plans is not None:  # (none for an unfused bias)
+                plans.learn(rows, self.weight, self.bias)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def _native_plans(self, fused: bool):
@@ -92,7 +94,6 @@ def _fuses_bias(variant: str) -> bool:
 
 
 _FUSES: dict = {}  # variant -> (manager, generation, whether it fuses a bias)
-_compiling = torch.compiler.is_compiling
 
 
 def swap_linears(model: torch.nn.Module, **kwargs) -> torch.nn.Module:

@@ -191,14 +191,13 @@ class LinearPlans:
         return type(None), ()
 
     def forward(self, x, weight, bias):
-        """y for a call it has plans for, else None (the Python way runs it,
-        then `learn`)."""
-        manager = self.manager
-        if manager.generation != self.generation or manager is not get_manager():
+        """y for a plain eager call (`eager.plain_eager`: the caller asks)
+        that it has plans for, else None (the Python way runs it, then
+        `learn`)."""
+        manager = get_manager()
+        if manager is not self.manager or manager.generation != self.generation:
             self.plans.clear()  # a plugin registration: what selection chooses may have changed
-            self.manager, self.generation = get_manager(), get_manager().generation
-            return None
-        if not eager.plain_eager((x, weight, bias)):
+            self.manager, self.generation = manager, manager.generation
             return None
         return self.plans.forward(x, weight, bias)
 
@@ -212,8 +211,9 @@ class LinearPlans:
         Nothing where a launch cannot run natively. A call whose plans stay
         incomplete (a gradient wanted, no backward run) retries at
         doubling intervals, not on every call (and after a few such calls
-        the C++ side runs it anyway, its backward through the operator)."""
-        if x.dim() != 2 or not eager.plain_eager((x, weight, bias)):
+        the C++ side runs it anyway, its backward through the operator).
+        The caller ran the call as a plain eager one (`forward`)."""
+        if x.dim() != 2:
             return
         self.fruitless += 1
         if self.fruitless & (self.fruitless - 1):

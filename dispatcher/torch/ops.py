@@ -32,7 +32,7 @@ from dispatcher.config import KernelConfig
 from dispatcher.errors import ConfigError, DispatcherError, ProblemError, UnsupportedProblem
 
 from dispatcher.torch import native
-from dispatcher.torch.eager import any_autocast, gemm_key, linear_key, plain, planned
+from dispatcher.torch.eager import any_autocast, gemm_key, linear_key, plain, plain_eager, planned
 from dispatcher.torch.tensors import (check_readable, column_major, device_of, for_target, from_target,
                                       out_dtype_of, output_dtype, readable, target_of, token)
 
@@ -328,8 +328,9 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, variant="regular"
     gradient runs natively once planned (docs/pytorch.md, "Native calls").
     """
     plans = None
-    if c is None and config is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and plain((a, b)) \
-            and not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and a.dim() == b.dim() == 2:
+    if c is None and config is None and out_dtype is None and alpha == 1.0 and beta == 0.0 \
+            and plain_eager((a, b)) and not (_grad_enabled() and (a.requires_grad or b.requires_grad)) \
+            and a.dim() == b.dim() == 2:
         plans = native.gemm_plans(variant, autotune)
         if plans is not None:  # a @ b is linear(a, b^T)
             y = plans.forward(a, b.t(), None)
