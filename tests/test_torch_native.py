@@ -58,6 +58,12 @@ def f64(t):
     return t.detach().double().numpy()
 
 
+def reference(lin, rows):
+    """float64 rows @ weight^T (+ bias) of a layer."""
+    product = rows @ f64(lin.weight).T
+    return product if lin.bias is None else product + f64(lin.bias)
+
+
 def layer(dtype, bias=True, **kw):
     base = torch.nn.Linear(48, 40, bias=bias, dtype=TORCH[dtype])
     with torch.no_grad():
@@ -108,7 +114,7 @@ def test_no_grad_calls_plan_the_forward_only_and_stay_right():
         ys = [lin(x) for _ in range(3)]
     assert native_plans(lin) == 1
     for y in ys:
-        assert y.grad_fn is None and max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+        assert y.grad_fn is None and max_rel(f64(y), reference(lin, f64(x))) <= 1e-6
 
 
 def test_a_new_shape_stride_or_dtype_goes_the_python_way_and_is_planned_then():
@@ -117,7 +123,7 @@ def test_a_new_shape_stride_or_dtype_goes_the_python_way_and_is_planned_then():
         for x in (quantized((8, 48), "fp32", 4), quantized((8, 48), "fp32", 4).t().contiguous().t(),
                   quantized((5, 48), "fp32", 5)):
             for _ in range(2):
-                assert max_rel(f64(lin(x)), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+                assert max_rel(f64(lin(x)), reference(lin, f64(x))) <= 1e-6
     assert native_plans(lin) == 3
 
 
@@ -135,7 +141,7 @@ def test_a_plugin_registration_forgets_the_native_plans():
         try:
             y = lin(x)  # the Python way, with plans made again
             assert native_plans(lin) in (0, 1)
-            assert max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+            assert max_rel(f64(y), reference(lin, f64(x))) <= 1e-6
         finally:
             manager.unregister(name="nothing-native-test")
 
@@ -144,16 +150,16 @@ def test_double_backward_through_native_calls_records_the_gradient_products():
     """create_graph=True: the native backward computes dX through the
     operator, so the gradient is itself differentiable, as on the Python way."""
     lin = layer("fp32")
-    reference = torch.nn.Linear(48, 40).double()
+    double = torch.nn.Linear(48, 40).double()
     with torch.no_grad():
-        reference.weight.copy_(lin.weight.double())
-        reference.bias.copy_(lin.bias.double())
+        double.weight.copy_(lin.weight.double())
+        double.bias.copy_(lin.bias.double())
     for step in range(3):
         x = quantized((6, 48), "fp32", 40 + step).requires_grad_()
         g, = torch.autograd.grad(lin(x).square().sum(), x, create_graph=True)
         g2, = torch.autograd.grad(g.square().sum(), x)
         xr = x.detach().double().requires_grad_()
-        r, = torch.autograd.grad(reference(xr).square().sum(), xr, create_graph=True)
+        r, = torch.autograd.grad(double(xr).square().sum(), xr, create_graph=True)
         r2, = torch.autograd.grad(r.square().sum(), xr)
         assert max_rel(f64(g), f64(r)) <= 1e-5 and max_rel(f64(g2), f64(r2)) <= 1e-5, step
 
@@ -169,7 +175,7 @@ def test_autocast_and_unfused_bias_calls_stay_on_the_python_way():
     unfused = layer("fp32", variant="stream_k")  # stream_k fuses no bias: a GEMM, then the addition
     with torch.no_grad():
         for _ in range(3):
-            assert max_rel(f64(unfused(x)), f64(x) @ f64(unfused.weight).T + f64(unfused.bias)) <= 1e-5
+            assert max_rel(f64(unfused(x)), reference(unfused, f64(x))) <= 1e-5
     assert unfused.__dict__.get("_native") is None
 
 
@@ -211,7 +217,7 @@ def test_a_copied_or_pickled_linear_plans_its_own_calls():
         assert native_plans(other) == 0
         with torch.no_grad():
             for _ in range(3):
-                assert max_rel(f64(other(x)), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+                assert max_rel(f64(other(x)), reference(lin, f64(x))) <= 1e-6
         assert native_plans(other) == 1
 
 
@@ -252,7 +258,7 @@ def test_a_layer_whose_settings_change_makes_new_plans():
         lin.config = None
         lin.variant, lin.bias = "stream_k", None  # stream_k: a plain GEMM (it fuses no bias)
         for _ in range(3):
-            assert max_rel(f64(lin(x)), f64(x) @ f64(lin.weight).T) <= 1e-5
+            assert max_rel(f64(lin(x)), reference(lin, f64(x))) <= 1e-5
         assert lin.__dict__["_native"].settings[0] == "stream_k"
 
 
@@ -295,7 +301,7 @@ def test_calls_that_want_gradients_but_never_run_a_backward_go_native():
     x = quantized((10, 48), "fp32", 90)
     for _ in range(8):
         y = lin(x)
-        assert max_rel(f64(y), f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+        assert max_rel(f64(y), reference(lin, f64(x))) <= 1e-6
     assert type(y.grad_fn).__name__ == "CppFunction"
     y.backward(quantized((10, 40), "fp32", 91))  # its backward: through the operator
     assert max_rel(f64(lin.weight.grad), f64(quantized((10, 40), "fp32", 91)).T @ f64(x)) <= 1e-5
@@ -307,7 +313,7 @@ def test_negative_views_are_resolved_not_read_as_their_memory():
     w = quantized((48, 12), "fp32", 15)
     with torch.no_grad():
         for _ in range(3):
-            assert max_rel(f64(lin(torch._neg_view(x))), -f64(x) @ f64(lin.weight).T + f64(lin.bias)) <= 1e-6
+            assert max_rel(f64(lin(torch._neg_view(x))), reference(lin, -f64(x))) <= 1e-6
             assert max_rel(f64(dt.gemm(torch._neg_view(x), w)), -f64(x) @ f64(w)) <= 1e-6
             assert max_rel(f64(dt.gemm(x, torch._neg_view(w))), -f64(x) @ f64(w)) <= 1e-6
 
