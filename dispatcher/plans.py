@@ -321,9 +321,9 @@ class Plan(_Launches):
         if workspace != 0 or out in order or len(self.layout.result_shape) != 2 or slots[2] is not None \
                 or slots[:2] + slots[3:] != tuple(order):
             return None
-        block = bound_gemm_args(template, (0,) * len(self._slots), scalars, ())
+        block = bound_gemm_args(template, (0,) * len(slots), scalars, ())
         extra = [(block.extra[i].row_stride, block.extra[i].col_stride, block.extra[i].batch_stride)
-                 for i in range(len(self._slots) - 3)]
+                 for i in range(len(slots) - 3)]
         block.extra = None
         return (ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block), extra,
                 *self.layout.result_shape, self.layout.result_dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 from importlib import metadata
 import shutil
@@ -47,8 +48,8 @@ def _along_m(opts: dict, m: int, n: int, tile_m: int, tile_n: int) -> bool:
     too."""
     if opts["raster"] != "default":
         return opts["raster"] == "along_m"
-    rows = -(-(-(-m // tile_m)) // opts["cluster_m"]) * opts["cluster_m"]
-    columns = -(-(-(-n // tile_n)) // opts["cluster_n"]) * opts["cluster_n"]
+    rows = math.ceil(math.ceil(m / tile_m) / opts["cluster_m"]) * opts["cluster_m"]
+    columns = math.ceil(math.ceil(n / tile_n) / opts["cluster_n"]) * opts["cluster_n"]
     return columns > rows
 
 _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer-array epilogue)
