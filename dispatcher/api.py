@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes, kinds, plans, plugins, targets
+from . import dtypes, kinds, numpy_calls, plans, plugins, targets
 from .dispatch import Dispatcher, autotune_default, default_dispatcher
 from .errors import ConfigError, ProblemError
 from .plugins import get_manager
@@ -297,6 +297,9 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
              and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
              and strict is False and autotune is None and options is None and dispatcher is None)
     if plain:  # the commonest call: its key is its operands' (shared with matmul(a, b))
+        result = _native(a, b)
+        if result is not None:
+            return result
         key = operands_key(a, b)
     elif c is None and config is None and options is None and type(alpha) is float and type(beta) is float \
             and beta == 0.0:  # a call whose other arguments only decide its plan: they are in its key
@@ -346,6 +349,15 @@ def _remember(key, plan, order: tuple, scalars: tuple, dispatcher):
         if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
             _RUNNERS.clear()
         _RUNNERS[key] = (plan, order, scalars, dispatcher)
+        if dispatcher is None and order == ("a", "b") and type(key[0]) is tuple:  # operands_key(a, b) of numpy arrays
+            numpy_calls.learn(key, plan, order, scalars)
+
+
+def _native(a, b):
+    """The result of a plain call (a @ b, every default) that the C module
+    of numpy calls ran (`numpy_calls`), else None."""
+    calls = numpy_calls.CALLS
+    return None if calls is None else calls.call(a, b)
 
 
 def exact_key(x: float):
@@ -484,6 +496,10 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
                 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None and variant is None
                 and target == "auto" and config is None and options is None and dispatcher is None)
     key = order = None  # every argument but bias, activation and out at its default: a key of its own
+    if defaults and bias is None and out is None and activation is None:  # the plain call: gemm(a, b)'s
+        result = _native(a, b)
+        if result is not None:
+            return result
     if defaults and (activation is None or type(activation) is str):
         extra = (() if bias is None else (bias,)) + (() if out is None else (out,))  # the arrays after a, b
         order = ("a", "b") + (() if bias is None else ("bias",)) + (() if out is None else ("out",))

@@ -24,6 +24,7 @@ import ctypes
 import threading
 from collections.abc import Mapping
 
+import attrs
 import numpy as np
 
 from . import dispatch, kinds, plugins, targets
@@ -199,6 +200,19 @@ def planned_grouped(dispatcher, layout, config=None, options=None, autotune=Fals
     return found
 
 
+@attrs.frozen
+class NativeLaunch:
+    """A plan's launch as native code runs it (`Plan.native_launch`)."""
+    entry: int            # the kernel entry point's address
+    last_error: int       # its library's `dispatcher_last_error`'s address
+    block: bytes          # the argument block with the plan's scalars, its pointers null
+    extra: list           # the extra operands' (row, col, batch) strides, in call order
+    rows: int             # the result's shape and numpy dtype
+    cols: int
+    dtype: object
+    check: object         # the library's status check: raises the exception of a nonzero status
+
+
 class Plan(_Launches):
     """A declared kind's call with its shapes, strides, dtypes, memory,
     options and kernel fixed (module docstring)."""
@@ -304,15 +318,12 @@ class Plan(_Launches):
         self.runners[_runner_key(order, scalars)] = run
         return run
 
-    def native_launch(self, order: tuple, scalars: tuple = DEFAULT_SCALARS):
+    def native_launch(self, order: tuple, scalars: tuple = DEFAULT_SCALARS) -> "NativeLaunch | None":
         """What native code needs to run the calls `runner(order, scalars)`
-        runs, the way that runner does (dispatcher/torch/native_linear.cpp):
-        (the kernel entry point's address, its library's
-        `dispatcher_last_error` address, the argument block with these
-        scalars and null pointers as bytes, the extra operands' (row, col,
-        batch) strides in `order`, the result's rows, columns and numpy
-        dtype). None where the runner would be, or where a call needs more
-        than a block and an entry point: a workspace, the output given."""
+        runs, the way that runner does (dispatcher/numpy_calls.c,
+        dispatcher/torch/native_linear.cpp). None where the runner would
+        be, or where a call needs more than a block and an entry point: a
+        workspace, the output given."""
         if self.runner(order, scalars) is None:
             return None
         entry, template, library, workspace = self._direct
@@ -325,8 +336,8 @@ class Plan(_Launches):
         extra = [(block.extra[i].row_stride, block.extra[i].col_stride, block.extra[i].batch_stride)
                  for i in range(len(slots) - 3)]
         block.extra = None
-        return (ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block), extra,
-                *self.layout.result_shape, self.layout.result_dtype)
+        return NativeLaunch(ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block),
+                            extra, *self.layout.result_shape, self.layout.result_dtype, library.check)
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

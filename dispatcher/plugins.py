@@ -86,6 +86,7 @@ class PluginManager:
         self._infos[name] = PluginInfo(name, "-", "in-process", "loaded")
         self._variants = self._collect_variants()
         self.generation += 1
+        _changed()
 
     def unregister(self, name: str):
         """Unregister the plugin registered as `name`."""
@@ -93,6 +94,7 @@ class PluginManager:
         self._infos.pop(name, None)
         self._variants = self._collect_variants()
         self.generation += 1
+        _changed()
 
     def launcher(self, variant: str, library, problem, operands, options):
         """(the LaunchResult, the hook implementation that gave it, or None
@@ -194,3 +196,20 @@ def reset_manager(manager: PluginManager | None = None) -> None:
     """Forget the process-wide manager (tests; after installing a plugin)."""
     global _MANAGER
     _MANAGER = manager
+    _changed()
+
+
+_LISTENERS: list = []
+
+
+def on_change(listener) -> None:
+    """Call `listener()` whenever registered plugins change (a registration,
+    an unregistration, a new process-wide manager): for memos of what the
+    hook chain chose that are kept outside Python's reach (native calls),
+    where a per-call generation check would cost what they save."""
+    _LISTENERS.append(listener)
+
+
+def _changed():
+    for listener in _LISTENERS:
+        listener()

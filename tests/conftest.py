@@ -7,15 +7,17 @@ import numpy as np
 import pytest
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k deselected: `items` are the tests that run
 def pytest_collection_modifyitems(config, items):
-    """Unless a run selects `native` or `gpu` tests, Linear's native module
-    (a ~30 s build against torch's headers, docs/pytorch.md "Native
-    calls") is switched off, so the fast suite and the other CPU runs never
-    build it in the background; `-m native` tests it (CI runs that after
+    """Unless a run selects `native` or `gpu` tests, the native modules
+    (plain numpy calls; Linear's calls, a ~30 s build against torch's
+    headers: docs/architecture.md and docs/pytorch.md, "Native calls") are
+    switched off, so the fast suite and the other CPU runs never build
+    them in the background, and their Python way stays tested; `-m native` tests it (CI runs that after
     the fast suite), and `-m gpu` runs with it as users do. Decided from
     the selected tests, before any runs; a switch already set is kept."""
     if not any(item.get_closest_marker("native") or item.get_closest_marker("gpu") for item in items):
-        os.environ.setdefault("DISPATCHER_NO_NATIVE_TORCH", "1")
+        os.environ.setdefault("DISPATCHER_NO_NATIVE_CALLS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

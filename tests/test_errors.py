@@ -63,7 +63,7 @@ def test_every_boolean_environment_variable_goes_through_one_helper():
     root = pathlib.Path(dispatcher.__file__).parent
     doc = (root.parent / "docs" / "reference.md").read_text()
     switches = set(re.findall(r"`(DISPATCHER_[A-Z_]+)=1`", doc))
-    assert switches == {"DISPATCHER_AUTOTUNE", "DISPATCHER_TRACE_PLUGINS", "DISPATCHER_NO_NATIVE_TORCH"}
+    assert switches == {"DISPATCHER_AUTOTUNE", "DISPATCHER_TRACE_PLUGINS", "DISPATCHER_NO_NATIVE_CALLS"}
     for path in root.rglob("*.py"):
         for name in switches:
             assert not re.search(rf"(os\.environ|getenv)[^\n]*{name}", path.read_text()), (path, name)

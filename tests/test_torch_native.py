@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.native
 
 import dispatcher.torch as dt  # noqa: E402
-from dispatcher import dtypes  # noqa: E402
+from dispatcher import dtypes, native_module  # noqa: E402
 from dispatcher.plugins import get_manager  # noqa: E402
 from dispatcher.torch import native  # noqa: E402
 from dispatcher.verify import max_rel  # noqa: E402
@@ -184,9 +184,9 @@ def test_the_switch_keeps_every_call_in_python():
             "from dispatcher.torch import native\n"
             "print(native.extension(wait=True), native.failure())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, native.SWITCH: "1"})
+                         env={**os.environ, native_module.SWITCH: "1"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"None {native.SWITCH} is set"
+    assert out.stdout.strip() == f"None {native_module.SWITCH} is set"
 
 
 def test_native_and_python_ways_agree_bit_for_bit():

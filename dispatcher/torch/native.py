@@ -13,163 +13,62 @@ stride, dtype, device, stream or alignment, a traced or mode-wrapped call,
 autocast, a plan with a workspace) goes the Python way, which is the same
 kernels and rules.
 
-The module is built from source into the build cache (`BuildCache`, keyed by
-the source, the compiler, torch's version and the ABI header) the first time
-a process asks for it, by a child process that a background thread waits
-for: until it is loaded, calls go the Python way. `extension(wait=True)`
-waits for it. Set `DISPATCHER_NO_NATIVE_TORCH=1` to keep every call in
-Python.
+The module is one of the dispatcher's native modules
+(`dispatcher.native_module`: built from source into the build cache in the
+background the first time a process asks for it; `DISPATCHER_NO_NATIVE_CALLS=1`
+keeps every call in Python), built against torch's headers; until it is
+loaded, calls go the Python way. `extension(wait=True)` waits for it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import threading
 from pathlib import Path
 
-import attrs
 import torch
 
-from dispatcher import environ
-from dispatcher.build import BuildCache, GeneratedSource
-from dispatcher.errors import ToolchainError
-from dispatcher.library import GemmArgs
+from dispatcher.build import GeneratedSource
+from dispatcher.native_module import ExtensionToolchain, ModuleBuild, NativeModule
 from dispatcher.plugins import get_manager
-from dispatcher.targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 from dispatcher.torch import eager
 from dispatcher.torch.tensors import torch_types
 
 NAME = "dispatcher_torch_native"
 SOURCE = Path(__file__).with_name("native_linear.cpp")
-SWITCH = "DISPATCHER_NO_NATIVE_TORCH"
 
 
-@attrs.frozen
-class _Extension:
-    """The build cache's "config" of the module: its name and what it is built against."""
-    name: str
-    torch: str
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "torch": self.torch}
-
-
-@attrs.frozen
-class _Toolchain(CompilerMixin):
-    """g++ with torch's and Python's headers and torch's libraries."""
-    compiler: str
-    flags: tuple
-    identity: str
-    label = "C++ (torch extension)"
-
-    @classmethod
-    def find(cls) -> "_Toolchain":
-        import torch.utils.cpp_extension as extension
-        compiler = shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++")
-        if not compiler:
-            raise ToolchainError("no C++ compiler for dispatcher.torch's native Linear (g++ or $CXX)")
-        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        libraries = extension.library_paths()
-        flags = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-                 f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}", f"-I{NATIVE_DIR}",
-                 *(f"-I{p}" for p in extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
-                 *(f"-L{p}" for p in libraries), *(f"-Wl,-rpath,{p}" for p in libraries),
-                 # the libraries come before the source on the command line (`compile`)
-                 "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python")
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-        identity = f"{' '.join(version)} | torch {torch.__version__} | python {sys.version_info[:2]} " \
-                   f"| headers:{headers_hash()}"
-        return cls(compiler, flags, identity)
-
-    @property
-    def cache_flags(self) -> tuple:
-        """The flags that change the binary: not where headers and libraries are."""
-        return tuple(f for f in self.flags if not f.startswith(("-I", "-L", "-Wl,-rpath")))
+def _toolchain() -> ExtensionToolchain:
+    """g++ with torch's headers and libraries."""
+    import torch.utils.cpp_extension as extension
+    libraries = extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ExtensionToolchain.find(
+        "CXX", ("g++", "c++"), "C++ torch extension of dispatcher.torch's native Linear", f"torch {torch.__version__}",
+        ("-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}",
+         *(f"-I{p}" for p in extension.include_paths()),
+         *(f"-L{p}" for p in libraries), *(f"-Wl,-rpath,{p}" for p in libraries),
+         # the libraries come before the source on the command line (`compile`)
+         "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python"))
 
 
-class _Loader:
-    """The module, built and imported once per process, in the background.
-
-    The build runs in a child process of its own session (`build_library`),
-    so a process that exits while it compiles leaves it to finish and
-    publish the library into the build cache for the next one; the thread
-    here waits for it and imports what it built. A process forked while the
-    build runs starts over in the child (the thread is not forked)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.thread = None
-        self.module = None
-        self.failure = None  # why there is no module, once that is known
-
-    def get(self, wait: bool):
-        if self.module is not None or self.failure is not None:
-            return self.module
-        with self.lock:
-            if self.thread is None:
-                if environ.flag(SWITCH):
-                    self.failure = f"{SWITCH} is set"
-                    self.done.set()
-                    return None
-                self.thread = threading.Thread(target=self._load, name=f"{NAME} build", daemon=True)
-                self.thread.start()
-        if wait:
-            self.done.wait()
-        return self.module
-
-    def forked(self):
-        if self.module is None:
-            self.__init__()
-
-    def _load(self):
-        try:
-            child = subprocess.run([sys.executable, "-c", f"from {__name__} import build_library; build_library()"],
-                                   capture_output=True, text=True, start_new_session=True)
-            if child.returncode != 0:
-                lines = (child.stderr.strip() or f"exit status {child.returncode}").splitlines()
-                raise RuntimeError(lines[-1])
-            path = child.stdout.strip().splitlines()[-1]
-            spec = importlib.util.spec_from_file_location(NAME, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            if module.ARGS_BYTES != ctypes.sizeof(GemmArgs):
-                raise RuntimeError(f"{NAME} was built for another ABI: its argument block has "
-                                   f"{module.ARGS_BYTES} bytes, dispatcher's {ctypes.sizeof(GemmArgs)}")
-            self.module = module
-        except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
-            self.failure = f"{type(e).__name__}: {e}"
-        finally:
-            self.done.set()
+def source():
+    """The module's source and toolchain (`native_module.build`)."""
+    return GeneratedSource(ModuleBuild(NAME, f"torch {torch.__version__}"), ((f"{NAME}.cpp", SOURCE.read_text()),)), \
+        _toolchain()
 
 
-def build_library():
-    """Build the module into the build cache (or find it there) and print
-    its path: the body of the loader's child process."""
-    source = GeneratedSource(_Extension(NAME, torch.__version__), ((f"{NAME}.cpp", SOURCE.read_text()),))
-    print(BuildCache().build(source, _Toolchain.find()).path)
-
-
-_LOADER = _Loader()
-os.register_at_fork(after_in_child=_LOADER.forked)
+_MODULE = NativeModule(NAME, f"{__name__}:source")
 
 
 def extension(wait: bool = False):
     """The loaded module, or None: not loaded yet (the first ask starts its
     build; `wait=True` waits for it), switched off, or it failed to build
     or load (`failure()` says why)."""
-    return _LOADER.get(wait)
+    return _MODULE.get(wait)
 
 
 def failure() -> str | None:
     """Why there is no module, once that is known (None: loaded, or not yet known)."""
-    return _LOADER.failure
+    return _MODULE.failure
 
 
 class LinearPlans:
@@ -265,4 +164,5 @@ def _launch(key):
     found = held.plan.native_launch(held.order, held.scalars)
     if found is None:
         return None
-    return (*found[:-1], torch_types()[1][found[-1]])
+    return (found.entry, found.last_error, found.block, found.extra, found.rows, found.cols,
+            torch_types()[1][found.dtype])

@@ -1,0 +1,150 @@
+"""Python extension modules of the dispatcher's own, for the calls whose
+Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
+on numpy arrays) and `dispatcher.torch.native` (Linear's calls).
+
+Each is compiled from source into the build cache (`BuildCache`: keyed by
+its source, compiler and what it is built against) the first time a
+process asks for it, by a child process that a background thread waits
+for; until it is loaded, calls go the Python way, which runs the same
+kernels. The child runs in a session of its own, so a process that exits
+while it compiles leaves it to finish and publish the module for the next
+one. Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+
+import attrs
+
+from . import environ
+from .build import BuildCache
+from .errors import ToolchainError
+from .library import GemmArgs
+from .targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
+
+SWITCH = "DISPATCHER_NO_NATIVE_CALLS"
+
+
+@attrs.frozen
+class ModuleBuild:
+    """The build cache's "config" of a module: its name and the versions it
+    is built against (Python's ABI is in the toolchain's identity)."""
+    name: str
+    against: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "against": self.against}
+
+
+@attrs.frozen
+class ExtensionToolchain(CompilerMixin):
+    """A compiler building a Python extension module: Python's headers and
+    the kernels' ABI header, plus what the module is built against
+    (`extra`: its include folders, libraries and definitions)."""
+    compiler: str
+    flags: tuple
+    identity: str
+    label: str
+
+    @classmethod
+    def find(cls, variable: str, names: tuple, label: str, against: str, extra=()) -> "ExtensionToolchain":
+        """The compiler $`variable` names, else the first of `names` found;
+        `against`: the versions the module is built against, for the key."""
+        compiler = next(filter(None, (shutil.which(n) for n in (os.environ.get(variable), *names) if n)), None)
+        if not compiler:
+            raise ToolchainError(f"no compiler for the {label} (install {names[0]} or set ${variable})")
+        flags = ("-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-w", f"-I{NATIVE_DIR}",
+                 f"-I{sysconfig.get_paths()['include']}", *extra)
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+        identity = f"{' '.join(version)} | {against} | python {sys.version_info[:2]} | headers:{headers_hash()}"
+        return cls(compiler, flags, identity, label)
+
+    @property
+    def cache_flags(self) -> tuple:
+        """The flags that change the binary: not where headers and libraries are."""
+        return tuple(f for f in self.flags if not f.startswith(("-I", "-L", "-Wl,-rpath")))
+
+
+class NativeModule:
+    """One module, built and imported once per process, in the background
+    (module docstring). `builder` names a function, "package.module:name",
+    that returns the module's (GeneratedSource, toolchain): the child
+    process calls it and builds. The module must export `ARGS_BYTES`, the
+    size of the argument block it was compiled with. A process forked while
+    the build runs starts over in the child (the thread is not forked).
+    `on_load(module)` runs in the loading thread once the module is loaded
+    (an exception there counts as a failure to load)."""
+
+    def __init__(self, name: str, builder: str, on_load=None):
+        self.name, self.builder, self.on_load = name, builder, on_load
+        self._reset()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _reset(self):
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = None
+        self.module = None
+        self.failure = None  # why there is no module, once that is known
+
+    def get(self, wait: bool = False):
+        """The loaded module, or None: not loaded yet (the first ask starts
+        its build; `wait=True` waits for it), switched off, or it failed to
+        build or load (`failure` says why)."""
+        if self.module is not None or self.failure is not None:
+            return self.module
+        with self.lock:
+            if self.thread is None:
+                if environ.flag(SWITCH):
+                    self.failure = f"{SWITCH} is set"
+                    self.done.set()
+                    return None
+                self.thread = threading.Thread(target=self._load, name=f"{self.name} build", daemon=True)
+                self.thread.start()
+        if wait:
+            self.done.wait()
+        return self.module
+
+    def _forked(self):
+        if self.module is None:
+            self._reset()
+
+    def _load(self):
+        try:
+            child = subprocess.run([sys.executable, "-c", f"from {__name__} import build; build({self.builder!r})"],
+                                   capture_output=True, text=True, start_new_session=True)
+            if child.returncode != 0:
+                lines = (child.stderr.strip() or f"exit status {child.returncode}").splitlines()
+                raise RuntimeError(lines[-1])
+            path = child.stdout.strip().splitlines()[-1]
+            spec = importlib.util.spec_from_file_location(self.name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            if module.ARGS_BYTES != ctypes.sizeof(GemmArgs):
+                raise RuntimeError(f"{self.name} was built for another ABI: its argument block has "
+                                   f"{module.ARGS_BYTES} bytes, dispatcher's {ctypes.sizeof(GemmArgs)}")
+            self.module = module
+            if self.on_load is not None:
+                self.on_load(module)
+        except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
+            self.module = None
+            self.failure = f"{type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+
+def build(builder: str):
+    """Build a module into the build cache (or find it there) and print its
+    path: the body of the loader's child process."""
+    module, name = builder.split(":")
+    source, toolchain = getattr(importlib.import_module(module), name)()
+    print(BuildCache().build(source, toolchain).path)

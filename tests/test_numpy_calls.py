@@ -1,0 +1,213 @@
+"""Plain numpy calls in C (dispatcher/numpy_calls.py and numpy_calls.c):
+once the Python way has bound a plain `gemm(a, b)` / `matmul(a, b)`,
+later calls with the same shapes, strides and dtypes run in C with the same
+kernel; each result against the float64 reference of the same quantized
+inputs (each call's result block is first handed a freed NaN block of its
+size, so elements a kernel leaves unwritten show), anything else the Python
+way."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dispatcher
+from dispatcher import native_module, numpy_calls
+from dispatcher.plugins import get_manager
+from dispatcher.verify import max_rel, reference
+
+pytestmark = pytest.mark.native
+
+DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}
+TOL = {"fp32": 1e-6, "bf16": 8e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """The module, built (or found in the build cache) before the tests;
+    they skip where the machine cannot build one (no C compiler, no Python
+    headers), and fail where the build fails."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+    if not any(shutil.which(n) for n in (os.environ.get("CC"), "gcc", "cc", "clang") if n):
+        pytest.skip("no C compiler for the native module")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no Python headers (Python.h) for the native module")
+    module = numpy_calls.extension(wait=True)
+    assert module is not None, numpy_calls.failure()
+    return module
+
+
+def quantized(shape, dtype, seed, order="C"):
+    x = (np.random.default_rng(seed).random(shape) * 4 - 2).astype(DTYPES[dtype])
+    return np.asfortranarray(x) if order == "F" else x
+
+
+def poisoned(call, shape, dtype):
+    """call(), its result's block first a freed NaN block of the result's size."""
+    block = np.full(shape, np.nan, dtype)
+    del block
+    return call()
+
+
+def counts(module):
+    """(calls run in C, calls that went back to Python) so far."""
+    return np.array(module.counts())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("orders", ["CC", "FC", "CF"])
+@pytest.mark.parametrize("entry", ["gemm", "matmul"])
+def test_warm_plain_calls_run_in_c_and_are_right(built, dtype, orders, entry):
+    call = getattr(dispatcher, entry)
+    m, n, k = 19, 23, 37
+    a, b = quantized((m, k), dtype, 1, orders[0]), quantized((k, n), dtype, 2, orders[1])
+    out_dtype = np.float32 if dtype == "fp32" else DTYPES[dtype]
+    first = call(a, b)  # the Python way: plans, binds and hands the launch over
+    before = counts(built)
+    for seed in range(3):
+        a[...] = quantized((m, k), dtype, 10 + seed)
+        got = poisoned(lambda: call(a, b), (m, n), out_dtype)
+        assert got.shape == (m, n) and got.dtype == first.dtype and got.flags.c_contiguous
+        assert max_rel(got, reference(a, b)) <= TOL[dtype]
+    assert (counts(built) - before).tolist() == [3, 0]
+
+
+def test_a_new_shape_stride_or_dtype_goes_the_python_way_once(built):
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    dispatcher.gemm(a, b)
+    for x, y in [(quantized((16, 24), "fp32", 5), quantized((24, 8), "fp32", 6)),  # shapes
+                 (quantized((16, 32), "fp32", 7)[:, :16], b),                       # strides
+                 (quantized((16, 16), "bf16", 8), quantized((16, 16), "bf16", 9))]:  # dtype
+        before = counts(built)
+        first = dispatcher.gemm(x, y)
+        middle = counts(built)
+        again = dispatcher.gemm(x, y)
+        assert (middle - before).tolist() == [0, 1]  # the Python way ...
+        assert (counts(built) - middle).tolist() == [1, 0]  # ... then C
+        assert np.array_equal(first, again)
+        assert max_rel(again, reference(x, y)) <= TOL["bf16" if x.dtype != np.float32 else "fp32"]
+
+
+def test_calls_that_are_not_plain_stay_on_the_python_way(built):
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    dispatcher.gemm(a, b)
+    out = np.full((16, 16), np.nan, np.float32)
+    before = counts(built)
+    assert max_rel(dispatcher.gemm(a, b, alpha=2.0), reference(a, b, alpha=2.0)) <= 1e-6
+    dispatcher.gemm(a, b, out=out)
+    assert max_rel(out, reference(a, b)) <= 1e-6
+    assert max_rel(dispatcher.matmul(a, b, activation="relu"), np.maximum(reference(a, b), 0)) <= 1e-6
+    assert max_rel(dispatcher.matmul(a[None], b[None])[0], reference(a, b)) <= 1e-6
+    assert (counts(built) - before).tolist() == [0, 0]  # never asked
+
+
+def test_a_plugin_registration_forgets_every_launch(built):
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    dispatcher.gemm(a, b)
+
+    class Nothing:
+        pass
+    manager = get_manager()
+    manager.register(Nothing(), "nothing-numpy-calls-test")
+    try:
+        before = counts(built)
+        first = dispatcher.gemm(a, b)  # the Python way, planned again
+        again = dispatcher.gemm(a, b)
+        assert (counts(built) - before).tolist() == [1, 1]
+        assert np.array_equal(first, again) and max_rel(again, reference(a, b)) <= 1e-6
+    finally:
+        manager.unregister(name="nothing-numpy-calls-test")
+
+
+def test_kinds_of_call_beyond_the_table_are_right(built):
+    """More kinds of call than the table holds (256 sets of 4): each one
+    pushed out goes the Python way again, none runs another's launch."""
+    shapes = [(m, n, k) for m in range(1, 9) for n in range(1, 9) for k in range(1, 21)]  # 1280 kinds
+    inputs = {s: (quantized(s[::2], "fp32", 0), quantized(s[2:0:-1], "fp32", 1)) for s in shapes}
+    for _ in range(2):
+        for (m, n, k), (a, b) in inputs.items():
+            got = dispatcher.gemm(a, b)
+            assert got.shape == (m, n)
+            assert max_rel(got, reference(a, b)) <= 1e-6
+
+
+def test_threads_calling_at_once_get_their_own_results(built):
+    shapes = [(16, 16, 16), (24, 8, 40), (9, 31, 17), (64, 64, 64)]
+    inputs = [(quantized((m, k), "fp32", i), quantized((k, n), "fp32", 10 + i)) for i, (m, n, k) in enumerate(shapes)]
+    for a, b in inputs:
+        dispatcher.gemm(a, b)
+    errors = []
+
+    def work(a, b):
+        want = reference(a, b)
+        for _ in range(300):
+            got = dispatcher.gemm(a, b)
+            if max_rel(got, want) > 1e-6:
+                errors.append(got.shape)
+    threads = [threading.Thread(target=work, args=pair) for pair in inputs for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def run_child(code: str, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+CHILD = """
+import numpy as np, dispatcher
+from dispatcher import numpy_calls
+from dispatcher.verify import max_rel, reference
+a = (np.random.default_rng(1).random((20, 30)) * 4 - 2).astype(np.float32)
+b = (np.random.default_rng(2).random((30, 10)) * 4 - 2).astype(np.float32)
+assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+"""
+
+
+def test_launches_learned_before_the_module_loads_are_handed_over():
+    out = run_child(CHILD + """
+module = numpy_calls.extension(wait=True)  # the first call learned its launch while the build ran
+assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+print(module.counts())
+""")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(1, 0)"
+
+
+def test_a_forked_child_runs_its_calls_right():
+    out = run_child(CHILD + """
+import os
+numpy_calls.extension(wait=True)
+dispatcher.gemm(a, b)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6 else 3)
+print(os.waitpid(pid, 0)[1])
+""")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+
+
+def test_the_switch_keeps_every_call_in_python():
+    out = run_child(CHILD + "print(numpy_calls.extension(wait=True), numpy_calls.failure())\n",
+                    **{native_module.SWITCH: "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"None {native_module.SWITCH} is set"
+
+
+def test_learn_refuses_what_is_not_a_launch(built):
+    a = np.zeros((4, 4), np.float32)
+    key = ((a.shape, a.strides, a.dtype), (a.shape, a.strides, a.dtype))
+    with pytest.raises(ValueError, match="argument block"):
+        built.learn(key, 1, b"short", 4, 4, np.dtype(np.float32), print)
+    with pytest.raises(TypeError, match="dtype"):
+        built.learn(((a.shape, a.strides, "f4"), key[1]), 1, b"", 4, 4, np.dtype(np.float32), print)
