@@ -10,7 +10,9 @@ replayed), so it says which of the two limits the call.
 
 Parts (`--only`):
   cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
-               dispatcher.matmul, a held dispatcher.plan
+               dispatcher.matmul, a held dispatcher.plan (plain calls in C
+               once built, dispatcher/numpy_calls.py; run it with
+               DISPATCHER_NO_NATIVE_CALLS=1 for the Python way)
   cpu_torch    (torch) fp32 CPU tensors, 16 x 64 @ 64 x 64: torch.matmul
                against dispatcher.torch.gemm, nn.Linear against
                dispatcher.torch.Linear, forward (no grad) and forward+backward:
@@ -104,6 +106,8 @@ def gpu_per_call(fn, calls: int, repeat: int):
 
 
 def cpu_call(args) -> dict:
+    from dispatcher import numpy_calls
+    numpy_calls.extension(wait=True)  # plain calls in C: built (or found) before the timing
     rng = np.random.default_rng(0)
     a, b = rng.random((16, 16), np.float32), rng.random((16, 16), np.float32)
     held = dispatcher.plan("regular", a=a, b=b)
@@ -115,8 +119,10 @@ def cpu_call(args) -> dict:
            "dispatcher.gemm out target": lambda: dispatcher.gemm(a, b, out=out, target="cpu"),
            "dispatcher.grouped_mm (4 experts)": lambda: dispatcher.grouped_mm(a, experts, offsets)}
     us = {name: per_call(fn, args.calls, args.repeat) for name, fn in fns.items()}
-    print("cpu 16^3 fp32, us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
-    return {"shape": [16, 16, 16], "us_per_call": us,
+    native = numpy_calls.failure() or "on"
+    print("cpu 16^3 fp32, us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+          + f"; plain calls in C: {native}")
+    return {"shape": [16, 16, 16], "native_numpy_calls": native, "us_per_call": us,
             "ratio_to_numpy": {k: v / us["numpy"] for k, v in us.items()}}
 
 

@@ -197,7 +197,9 @@ def plan(variant: str = "regular", *, target: str = "auto", out_dtype=None, conf
 class HeldPlan:
     """A plan held by the caller (`dispatcher.plan`): calling it runs the
     planned kind of call on new arrays, positional in the variant's
-    declared operand order (a, b first) or by name, with new scalars."""
+    declared operand order (a, b first) or by name, with new scalars.
+    Positional calls on numpy arrays with the plan's specs run in C once
+    its module is loaded (`numpy_calls`)."""
 
     def __init__(self, made, record, target: str, params: dict, dispatcher=None):
         self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher
@@ -207,6 +209,9 @@ class HeldPlan:
         # (operand names, `operands_key`, core scalars) of the planned call, where its
         # runner may run calls with the same arrays' specs and no new scalars
         self.order = self.key = self.scalars = None
+        # its C launch (`numpy_calls.launch`) for positional calls on numpy arrays: None
+        # until made, False where there is none
+        self.native = None
 
     def __repr__(self):
         return f"HeldPlan({self.plan!r})"
@@ -237,11 +242,18 @@ class HeldPlan:
         return arrays if len(given) == len(arrays) else None
 
     def __call__(self, *operands, **arguments):
+        native = self.native
+        if native and not arguments:
+            result = native(*operands)  # None: not arrays of the plan's key, or stale
+            if result is not None:
+                return result
         if self.key is not None:
             arrays = self._planned_arrays(operands, arguments)
             if arrays is not None and operands_key(*arrays) == self.key:
                 runner = self.runner()
                 if runner is not None:
+                    if native is not False and not arguments and type(arrays[0]) is np.ndarray:
+                        self.native = numpy_calls.launch(self.key, self.plan, self.order, self.scalars)
                     return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "

@@ -40,16 +40,16 @@ def source():
 
 
 CALLS = None  # the loaded module, whose `call(a, b)` the api's plain calls try first
-_PENDING: list = []  # (key, plan, launch) learned while the module was not loaded
+_PENDING: list = []  # (key, plan, order, scalars) learned while the module was not loaded
 
 
 def _loaded(module):
     """In the loading thread: hand the pending launches over, then let calls in."""
     global CALLS
     while _PENDING:
-        key, plan, launch = _PENDING.pop()
+        key, plan, order, scalars = _PENDING.pop()
         if plan.current():  # else a plugin registration came between
-            _teach(module, key, launch)
+            _learn(module, key, plan, order, scalars)
     CALLS = module
 
 
@@ -68,24 +68,43 @@ def failure() -> str | None:
     return _MODULE.failure
 
 
+def launch(key, plan, order: tuple, scalars: tuple):
+    """The C launch of a plan's calls on numpy arrays of `key`
+    (`api.operands_key(a, b)`) in `order` with `scalars`: callable as
+    launch(a, b), which returns None for arrays of another key, or once a
+    plugin registration made it stale. None while the module is not
+    loaded (the first ask starts its build); False where it will not be:
+    the module cannot load, or the plan's launch is not one C makes."""
+    module = _MODULE.get()
+    if module is None:
+        return None if _MODULE.failure is None else False
+    return _launch(module, key, plan, order, scalars) or False
+
+
+def _launch(module, key, plan, order, scalars):
+    found = plan.native_launch(order, scalars)
+    if found is None or found.extra:
+        return None
+    return module.Launch(key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check)
+
+
 def learn(key, plan, order: tuple, scalars: tuple):
     """After the Python way ran a plain call on numpy arrays whose runner
     it memoized under `key` (`api.operands_key(a, b)`): its later calls run
     in C, where the plan's launch is one C can make."""
-    launch = plan.native_launch(order, scalars)
-    if launch is None or launch.extra:
-        return
     module = _MODULE.get()
     if module is not None:
-        _teach(module, key, launch)
+        _learn(module, key, plan, order, scalars)
     elif _MODULE.failure is None:
         if len(_PENDING) >= PENDING_KEPT:
             del _PENDING[0]
-        _PENDING.append((key, plan, launch))
+        _PENDING.append((key, plan, order, scalars))
 
 
-def _teach(module, key, launch):
-    module.learn(key, launch.entry, launch.block, launch.rows, launch.cols, np.dtype(launch.dtype), launch.check)
+def _learn(module, key, plan, order, scalars):
+    found = _launch(module, key, plan, order, scalars)
+    if found is not None:
+        module.learn(found)
 
 
 def _forget():

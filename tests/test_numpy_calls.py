@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dispatcher
+import dispatcher.errors
 from dispatcher import native_module, numpy_calls
 from dispatcher.plugins import get_manager
 from dispatcher.verify import max_rel, reference
@@ -204,10 +205,52 @@ def test_the_switch_keeps_every_call_in_python():
     assert out.stdout.strip() == f"None {native_module.SWITCH} is set"
 
 
-def test_learn_refuses_what_is_not_a_launch(built):
+def test_a_held_plan_calls_its_own_launch_and_remakes_it_after_a_registration(built):
+    a, b = quantized((21, 13), "fp32", 3), quantized((13, 17), "fp32", 4)
+    held = dispatcher.plan(a=a, b=b)
+    held(a, b)  # binds the kernel
+    held(a, b)  # the runner, which makes the launch
+    launch = held.native
+    assert launch
+    for seed in range(3):
+        a[...] = quantized((21, 13), "fp32", 20 + seed)
+        got = poisoned(lambda: held(a, b), (21, 17), np.float32)
+        assert max_rel(got, reference(a, b)) <= 1e-6
+    assert held.native is launch
+    assert launch(b, a) is None and launch(a, b[:, :16]) is None  # another key: not its call
+    with pytest.raises(dispatcher.errors.ProblemError, match="do not match the plan"):
+        held(b, a)
+
+    class Nothing:
+        pass
+    manager = get_manager()
+    manager.register(Nothing(), "nothing-held-launch-test")
+    try:
+        assert launch(a, b) is None  # stale
+        for _ in range(3):
+            assert max_rel(held(a, b), reference(a, b)) <= 1e-6
+        assert held.native and held.native is not launch
+    finally:
+        manager.unregister(name="nothing-held-launch-test")
+
+
+def test_a_held_plan_with_an_out_stays_on_the_python_way(built):
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    out = np.full((16, 16), np.nan, np.float32)
+    held = dispatcher.plan(a=a, b=b, out=out)
+    for _ in range(3):
+        out[...] = np.nan
+        assert held(a, b, out=out) is out
+        assert max_rel(out, reference(a, b)) <= 1e-6
+    assert not held.native
+
+
+def test_launch_refuses_what_is_not_a_launch(built):
     a = np.zeros((4, 4), np.float32)
     key = ((a.shape, a.strides, a.dtype), (a.shape, a.strides, a.dtype))
     with pytest.raises(ValueError, match="argument block"):
-        built.learn(key, 1, b"short", 4, 4, np.dtype(np.float32), print)
+        built.Launch(key, 1, b"short", 4, 4, np.dtype(np.float32), print)
     with pytest.raises(TypeError, match="dtype"):
-        built.learn(((a.shape, a.strides, "f4"), key[1]), 1, b"", 4, 4, np.dtype(np.float32), print)
+        built.Launch(((a.shape, a.strides, "f4"), key[1]), 1, b"", 4, 4, np.dtype(np.float32), print)
+    with pytest.raises(TypeError, match="takes a Launch"):
+        built.learn(key)
