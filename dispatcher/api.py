@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes, kinds, numpy_calls, plans, plugins, targets
+from . import dtypes, kinds, native_module, numpy_calls, plans, plugins, targets  # noqa: F401 - numpy_calls registers its kind
 from .dispatch import Dispatcher, autotune_default, default_dispatcher
 from .errors import ConfigError, ProblemError
 from .plugins import get_manager
@@ -113,7 +113,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     remember: (key, operand order) of a call that `_RUNNERS` may serve
     (the key holds everything the plan depends on): where the plan's
     runner can run such calls on the caller's own arrays, the next call
-    of that key goes straight to it."""
+    of that key goes straight to it; (key, order, "plain") for a plain
+    call (`_native`), which a native module may learn too."""
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -130,6 +131,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
     if remember is not None and session.in_place:
         _remember(remember[0], plan, remember[1], core, dispatcher)
+        if len(remember) > 2:  # a plain call: native code may run the next ones
+            _learn_native(remember[0], arrays, plan, remember[1], core, retry=True)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
     return session.finish(result, host_out)
@@ -198,8 +201,9 @@ class HeldPlan:
     """A plan held by the caller (`dispatcher.plan`): calling it runs the
     planned kind of call on new arrays, positional in the variant's
     declared operand order (a, b first) or by name, with new scalars.
-    Positional calls on numpy arrays with the plan's specs run in C once
-    its module is loaded (`numpy_calls`)."""
+    Positional calls (a, b) with the plan's specs run natively once the
+    module of their kind is loaded (numpy arrays: `numpy_calls`; CUDA
+    tensors: dispatcher.torch's)."""
 
     def __init__(self, made, record, target: str, params: dict, dispatcher=None):
         self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher
@@ -209,7 +213,7 @@ class HeldPlan:
         # (operand names, `operands_key`, core scalars) of the planned call, where its
         # runner may run calls with the same arrays' specs and no new scalars
         self.order = self.key = self.scalars = None
-        # its C launch (`numpy_calls.launch`) for positional calls on numpy arrays: None
+        # its native launch for positional calls (a, b) (`native_module.Launches.make`): None
         # until made, False where there is none
         self.native = None
 
@@ -252,8 +256,10 @@ class HeldPlan:
             if arrays is not None and operands_key(*arrays) == self.key:
                 runner = self.runner()
                 if runner is not None:
-                    if native is not False and not arguments and type(arrays[0]) is np.ndarray:
-                        self.native = numpy_calls.launch(self.key, self.plan, self.order, self.scalars)
+                    if native is not False and not arguments and len(arrays) == 2:
+                        kind = _native_kind(arrays[0])
+                        self.native = kind.make(self.key, *arrays, self.plan, self.order, self.scalars) if kind \
+                            else False
                     return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
@@ -327,6 +333,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     except TypeError:  # an unhashable argument: the general path says what is wrong with it
         runner = key = None
     if runner is not None:
+        if plain and key not in _NATIVE_TRIED:
+            _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
         return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
@@ -337,7 +345,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["out"]] = out
     return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
                  config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher,
-                 remember=None if key is None else (key, tuple(arrays)))
+                 remember=None if key is None else (key, tuple(arrays)) + (("plain",) if plain else ()))
 
 
 # Calls whose plan a key read straight off the call decides: `gemm` and
@@ -361,15 +369,55 @@ def _remember(key, plan, order: tuple, scalars: tuple, dispatcher):
         if len(_RUNNERS) >= RUNNERS_KEPT:  # many shapes or dispatchers: start again rather than keep them all
             _RUNNERS.clear()
         _RUNNERS[key] = (plan, order, scalars, dispatcher)
-        if dispatcher is None and order == ("a", "b") and type(key[0]) is tuple:  # operands_key(a, b) of numpy arrays
-            numpy_calls.learn(key, plan, order, scalars)
 
 
 def _native(a, b):
-    """The result of a plain call (a @ b, every default) that the C module
-    of numpy calls ran (`numpy_calls`), else None."""
-    calls = numpy_calls.CALLS
-    return None if calls is None else calls.call(a, b)
+    """The result of a plain call (a @ b, every default) that a native
+    module ran (`native_module.PRODUCTS`: numpy arrays in C, CUDA tensors
+    in C++), else None."""
+    for product in native_module.PRODUCTS:
+        result = product(a, b)
+        if result is not None:
+            return result
+    return None
+
+
+_NATIVE_TRIED: set = set()  # plain keys a native module took or refused (not: was not loaded yet)
+
+
+def _native_kind(a):
+    """How calls on arrays of a's type run natively (`native_module.KINDS`),
+    or None. CUDA tensors' is dispatcher.torch's C++ module, imported here
+    the first time."""
+    kind = native_module.KINDS.get(type(a))
+    if kind is None and type(a).__module__.startswith("torch"):
+        try:
+            from .torch import native  # noqa: F401 - it registers its kind
+        except ImportError:
+            return None
+        kind = native_module.KINDS.get(type(a))
+    return kind
+
+
+def _learn_native(key, arrays: dict, plan, order: tuple, scalars: tuple, retry=False):
+    """After the Python way ran a plain call of `key` (the first time, or
+    from `_RUNNERS` while its native module was loading): the module of
+    its arrays' kind learns its plan's launch. retry: a new plan, learned
+    even where an older one was tried."""
+    a, b = arrays["a"], arrays["b"]
+    kind = _native_kind(a)
+    if kind is None or (key in _NATIVE_TRIED and not retry):
+        return
+    launch = kind.make(key, a, b, plan, order, scalars)
+    if launch:
+        kind.learn(launch)
+    if launch is not None:  # taken or refused; None: the module is still loading
+        if len(_NATIVE_TRIED) >= RUNNERS_KEPT:
+            _NATIVE_TRIED.clear()
+        _NATIVE_TRIED.add(key)
+
+
+plugins.on_change(_NATIVE_TRIED.clear)
 
 
 def exact_key(x: float):
@@ -521,7 +569,10 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
             key = None
     runner = _runner(key)
+    plain = key is not None and order == ("a", "b") and activation is None
     if runner is not None:
+        if plain and key not in _NATIVE_TRIED:
+            _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
         return runner(a, b, *extra)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
@@ -540,7 +591,8 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         extra.update(scale_a=scale_a, scale_b=scale_b)
     result = _run(variant, {"a": a, "b": b, "out": out, "alpha": alpha, **extra}, target=target,
                   out_dtype=out_dtype, config=config, options=options, strict=False, autotune=None,
-                  dispatcher=dispatcher, remember=None if key is None else (key, order))
+                  dispatcher=dispatcher,
+                  remember=None if key is None else (key, order) + (("plain",) if plain else ()))
     return result.squeeze(tuple(squeeze)) if squeeze else result
 
 

@@ -33,6 +33,28 @@ from .targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
 SWITCH = "DISPATCHER_NO_NATIVE_CALLS"
 
+# What the loaded modules offer the core's plain calls (`gemm(a, b)`,
+# `matmul(a, b)` with every default): callables (a, b) -> a @ b, or None for
+# arrays they have no launch for, tried in order before the Python way.
+PRODUCTS: list = []
+
+
+@attrs.frozen
+class Launches:
+    """How one kind of array's calls run natively, registered by the Python
+    side of the module that runs them (`KINDS`)."""
+    # (key, a, b, plan, order, scalars) -> the plan's launch of calls on
+    # arrays like a and b: callable as launch(a, b), which returns None for
+    # arrays of another key or once a plugin registration made it stale;
+    # None while the module is not loaded; False where there will be none
+    make: object
+    # (launch) -> None: the module's table of plain calls (its `PRODUCTS`
+    # entry) runs the calls of the launch's key with it
+    learn: object
+
+
+KINDS: dict = {}  # array type -> its Launches
+
 
 @attrs.frozen
 class ModuleBuild:

@@ -174,14 +174,15 @@ assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
 """
 
 
-def test_launches_learned_before_the_module_loads_are_handed_over():
+def test_calls_made_while_the_module_loads_are_learned_on_their_next_call():
     out = run_child(CHILD + """
-module = numpy_calls.extension(wait=True)  # the first call learned its launch while the build ran
-assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+module = numpy_calls.extension(wait=True)  # the first call ran while the build ran
+for _ in range(3):
+    assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
 print(module.counts())
 """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "(1, 0)"
+    assert out.stdout.strip() == "(2, 1)"  # the Python way once more (its runner), then C
 
 
 def test_a_forked_child_runs_its_calls_right():

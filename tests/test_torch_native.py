@@ -333,3 +333,34 @@ def test_the_plans_of_many_shapes_are_bounded():
             x = quantized((m, 48), "fp32", m)
             lin(x), lin(x)
     assert 0 < native_plans(lin) <= 64
+
+
+def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
+    """`native.product`: the C++ launch of the core's plain gemm(a, b) and
+    held plans on tensors (CUDA tensors on a GPU; a CPU plan and tensors
+    here), and `Products`, the table the core tries first."""
+    import dispatcher
+    a, b = quantized((24, 40), "fp32", 1), quantized((40, 20), "fp32", 2)
+    held = dispatcher.plan(a=a.numpy(), b=b.numpy())
+    held(a.numpy(), b.numpy())  # binds the kernel
+    product = native.product(None, a, b, held.plan, held.order, held.scalars)
+    assert product
+    for seed in range(3):
+        x = quantized((24, 40), "fp32", 10 + seed).requires_grad_()
+        y = product(x, b)
+        assert y.grad_fn is None and not y.requires_grad
+        assert max_rel(f64(y), f64(x) @ f64(b)) <= 1e-6
+    assert product(quantized((24, 41), "fp32", 3)[:, :40], b) is None  # other strides
+    assert product(a.double(), b.double()) is None and product(b.t(), a.t()) is None
+    table = native.extension().Products()
+    table.add(product)
+    assert max_rel(f64(table(a, b)), f64(a) @ f64(b)) <= 1e-6 and table(b.t(), a.t()) is None
+
+    class Nothing:
+        pass
+    manager = get_manager()
+    manager.register(Nothing(), "nothing-product-test")
+    try:
+        assert product(a, b) is None  # stale: a plugin registration may change what selection chooses
+    finally:
+        manager.unregister(name="nothing-product-test")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dispatcher import native_module, plugins
 from dispatcher.build import GeneratedSource
 from dispatcher.native_module import ExtensionToolchain, ModuleBuild, NativeModule
 from dispatcher.plugins import get_manager
@@ -56,7 +57,14 @@ def source():
         _toolchain()
 
 
-_MODULE = NativeModule(NAME, f"{__name__}:source")
+def _loaded(module):
+    """In the loading thread: the core's plain calls on tensors try the module's products."""
+    _PRODUCTS.append(module.Products())
+    native_module.PRODUCTS.append(_PRODUCTS[0])
+
+
+_PRODUCTS: list = []  # the module's Products of the core's plain calls, once loaded
+_MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded)
 
 
 def extension(wait: bool = False):
@@ -136,6 +144,30 @@ class LinearPlans:
         self.fruitless = 0
 
 
+def product(key, a, b, plan, order: tuple, scalars: tuple):
+    """The C++ launch of a plan's products on tensors like a and b (the
+    core's plain `gemm(a, b)` on CUDA tensors, a held plan's calls;
+    `native_module.Launches.make`): no autograd, as on the Python way."""
+    module = extension()
+    if module is None:
+        return None if failure() is None else False
+    found = plan.native_launch(order, scalars)
+    if found is None or found.extra:
+        return False
+    return module.Product(a, b, _spec(found))
+
+
+def _forget_products():
+    """A plugin registration: what selection chooses may have changed."""
+    if _PRODUCTS:
+        _PRODUCTS[0].clear_all()
+
+
+for _kind in (torch.Tensor, torch.nn.Parameter):
+    native_module.KINDS[_kind] = native_module.Launches(product, lambda launch: _PRODUCTS[0].add(launch))
+plugins.on_change(_forget_products)
+
+
 def _row_major(t) -> bool:
     return t.stride(1) == 1 and t.stride(0) == t.shape[1]
 
@@ -162,7 +194,10 @@ def _launch(key):
     if held is None or held.order is None or not held.plan.current():
         return None
     found = held.plan.native_launch(held.order, held.scalars)
-    if found is None:
-        return None
+    return None if found is None else _spec(found)
+
+
+def _spec(found) -> tuple:
+    """A `plans.NativeLaunch` as the module takes it (native_linear.cpp `launch_of`)."""
     return (found.entry, found.last_error, found.block, found.extra, found.rows, found.cols,
             torch_types()[1][found.dtype])

@@ -19,6 +19,7 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -261,6 +262,73 @@ class Plans {
     std::vector<c10::intrusive_ptr<Planned>> planned_;
 };
 
+// Whether both are tensors: the core tries products on any arrays (numpy's too).
+bool tensors(py::handle a, py::handle b) { return THPVariable_Check(a.ptr()) && THPVariable_Check(b.ptr()); }
+
+// Calls of `Products::clear_all` so far: a Product made before the last one is stale.
+std::atomic<uint64_t> generation{0};
+
+// One plan's launch of plain products c = a @ b on tensors of one key
+// (shapes, strides, dtypes, device, stream, alignment): a held plan's
+// (`dispatcher.plan`) and the core's plain `gemm(a, b)` / `matmul(a, b)`.
+// No autograd: like the core's Python way, the result records no graph.
+class Product {
+  public:
+    Product(const at::Tensor& a, const at::Tensor& b, const py::tuple& launch)
+        : key_(key_of(a, b.t(), c10::nullopt)), launch_(launch_of(launch)), generation_(generation.load()) {
+        if (launch_.block.extra_count != 0) throw std::invalid_argument("a product takes no extra operands");
+    }
+
+    bool fits(const at::Tensor& a, const at::Tensor& b) const {
+        if (generation_ != generation.load() || a.dim() != 2 || b.dim() != 2) return false;
+        if (!plain_memory(a) || !plain_memory(b)) return false;
+        if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
+            return false;  // a CUDA kernel launches on the current device: the one its plan was made on
+        return key_of(a, b.t(), c10::nullopt) == key_;
+    }
+
+    // a @ b, or None for tensors of another key (or once stale).
+    py::object call(const at::Tensor& a, const at::Tensor& b) const {
+        return fits(a, b) ? py::cast(launch_(a, b)) : py::none();
+    }
+
+    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b) const { return launch_(a, b); }
+
+  private:
+    Key key_;
+    Launch launch_;
+    uint64_t generation_;
+};
+
+// The core's plain products on tensors (`dispatcher.gemm(a, b)` on CUDA
+// tensors), few kinds each, searched in order.
+class Products {
+  public:
+    static constexpr size_t kKept = 64;  // kinds of call before the list starts again
+
+    py::object call(const at::Tensor& a, const at::Tensor& b) const {
+        for (const auto& p : products_)
+            if (p->fits(a, b)) return py::cast((*p)(a, b));
+        return py::none();
+    }
+
+    void add(std::shared_ptr<const Product> p) {
+        if (products_.size() >= kKept) products_.clear();
+        products_.push_back(std::move(p));
+    }
+
+    // Forget every product, and make every Product stale (a plugin registration).
+    void clear_all() {
+        ++generation;
+        products_.clear();
+    }
+
+    size_t size() const { return products_.size(); }
+
+  private:
+    std::vector<std::shared_ptr<const Product>> products_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(dispatcher_torch_native, m) {
@@ -274,4 +342,18 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         .def("add", &Plans::add)
         .def("clear", &Plans::clear)
         .def("__len__", &Plans::size);
+    py::class_<Product, std::shared_ptr<Product>>(m, "Product")
+        .def(py::init<const at::Tensor&, const at::Tensor&, const py::tuple&>(), py::arg("a"), py::arg("b"),
+             py::arg("launch"))
+        .def("__call__", [](const Product& self, py::handle a, py::handle b) {
+            return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
+        });
+    py::class_<Products>(m, "Products")
+        .def(py::init<>())
+        .def("__call__", [](const Products& self, py::handle a, py::handle b) {
+            return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
+        })
+        .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); })
+        .def("clear_all", &Products::clear_all)
+        .def("__len__", &Products::size);
 }
