@@ -220,6 +220,39 @@ def test_linear_native_calls_on_cuda_forward_backward_and_captured():
         assert rel(y, x.double() @ ref.weight.double().t() + ref.bias.double()) <= BF16
 
 
+@pytest.mark.native
+def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
+    """dispatcher.gemm(a, b) and a held plan on CUDA tensors: from their
+    third call on, the C++ product of dispatcher.torch's module runs them
+    (`native.Product`), right against float64, on the current stream; a
+    call on another stream or under capture goes its own way and replays right."""
+    import dispatcher
+    from dispatcher.torch import native
+    assert native.extension(wait=True) is not None, native.failure()
+    a, b = matrix(256, 320, 1), matrix(320, 192, 2)
+    held = dispatcher.plan(a=a, b=b)
+    for step in range(4):
+        a.copy_(matrix(256, 320, 10 + step))
+        expected = a.double() @ b.double()
+        assert rel(dispatcher.gemm(a, b), expected) <= BF16, step
+        assert rel(dispatcher.matmul(a, b), expected) <= BF16, step
+        assert rel(held(a, b), expected) <= BF16, step
+    assert len(native._PRODUCTS[0]) >= 1 and held.native
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        dispatcher.gemm(a, b)  # warm on this stream
+        dispatcher.gemm(a, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = dispatcher.gemm(a, b)
+    a.copy_(matrix(256, 320, 40))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(y, a.double() @ b.double()) <= BF16
+
+
 def test_dispatcher_torch_runs_with_cupy_hidden(tmp_path):
     """dispatcher.torch imports and runs (forward, backward, capture) in a
     process where `import cupy` fails: every allocation is torch's."""
