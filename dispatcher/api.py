@@ -234,6 +234,16 @@ class HeldPlan:
             return None
         return self.plan.runner(self.order, self.scalars)
 
+    def _native_launch(self, arrays):
+        """The plan's native launch for calls on arrays like these (None:
+        their module is loading, or a registration made it stale
+        meanwhile; False: there is none)."""
+        kind = native_module.kind_of(arrays[0])
+        if kind is None:
+            return False
+        launch = kind.make(self.key, *arrays, self.plan, self.order, self.scalars)
+        return launch if not launch or self.plan.current(self.dispatcher) else None
+
     def _planned_arrays(self, operands: tuple, arguments: dict):
         """A call's arrays in `order` where it passes exactly the planned
         operands and nothing else, else None."""
@@ -256,10 +266,8 @@ class HeldPlan:
             if arrays is not None and operands_key(*arrays) == self.key:
                 runner = self.runner()
                 if runner is not None:
-                    if native is not False and not arguments and len(arrays) == 2:
-                        kind = _native_kind(arrays[0])
-                        self.native = kind.make(self.key, *arrays, self.plan, self.order, self.scalars) if kind \
-                            else False
+                    if (native is None or (native and not native.current)) and not arguments and len(arrays) == 2:
+                        self.native = self._native_launch(arrays)
                     return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
@@ -333,7 +341,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     except TypeError:  # an unhashable argument: the general path says what is wrong with it
         runner = key = None
     if runner is not None:
-        if plain and key not in _NATIVE_TRIED:
+        if plain:  # the native module missed it
             _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
         return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
@@ -382,42 +390,34 @@ def _native(a, b):
     return None
 
 
-_NATIVE_TRIED: set = set()  # plain keys a native module took or refused (not: was not loaded yet)
-
-
-def _native_kind(a):
-    """How calls on arrays of a's type run natively (`native_module.KINDS`),
-    or None. CUDA tensors' is dispatcher.torch's C++ module, imported here
-    the first time."""
-    kind = native_module.KINDS.get(type(a))
-    if kind is None and type(a).__module__.startswith("torch"):
-        try:
-            from .torch import native  # noqa: F401 - it registers its kind
-        except ImportError:
-            return None
-        kind = native_module.KINDS.get(type(a))
-    return kind
+_NATIVE_MISSES: dict = {}  # plain key -> Python-way calls since its launch was learned (-1: it has none)
 
 
 def _learn_native(key, arrays: dict, plan, order: tuple, scalars: tuple, retry=False):
-    """After the Python way ran a plain call of `key` (the first time, or
-    from `_RUNNERS` while its native module was loading): the module of
-    its arrays' kind learns its plan's launch. retry: a new plan, learned
-    even where an older one was tried."""
-    a, b = arrays["a"], arrays["b"]
-    kind = _native_kind(a)
-    if kind is None or (key in _NATIVE_TRIED and not retry):
+    """After the Python way ran a plain call of `key`: the module of its
+    arrays' kind learns its plan's launch, so that it runs the next ones.
+    retry: the call made a new plan; else the call came from `_RUNNERS`
+    (its module is still loading, or its launch was pushed out of a full
+    table), learned again at doubling intervals, not on every call."""
+    seen = 0 if retry else _NATIVE_MISSES.get(key, 0)
+    if seen < 0:
         return
-    launch = kind.make(key, a, b, plan, order, scalars)
-    if launch:
+    if not retry:
+        if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
+            _NATIVE_MISSES.clear()
+        seen = _NATIVE_MISSES[key] = seen + 1
+        if seen & (seen - 1):
+            return
+    kind = native_module.kind_of(arrays["a"])
+    launch = kind.make(key, arrays["a"], arrays["b"], plan, order, scalars) if kind else False
+    if launch and plan.current():  # made for what the hook chain chooses now (else it is stale)
         kind.learn(launch)
-    if launch is not None:  # taken or refused; None: the module is still loading
-        if len(_NATIVE_TRIED) >= RUNNERS_KEPT:
-            _NATIVE_TRIED.clear()
-        _NATIVE_TRIED.add(key)
+        _NATIVE_MISSES[key] = 0
+    elif launch is False:
+        _NATIVE_MISSES[key] = -1
 
 
-plugins.on_change(_NATIVE_TRIED.clear)
+plugins.on_change(_NATIVE_MISSES.clear)
 
 
 def exact_key(x: float):
@@ -571,7 +571,7 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     runner = _runner(key)
     plain = key is not None and order == ("a", "b") and activation is None
     if runner is not None:
-        if plain and key not in _NATIVE_TRIED:
+        if plain:  # the native module missed it
             _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
         return runner(a, b, *extra)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])

@@ -54,6 +54,25 @@ class Launches:
 
 
 KINDS: dict = {}  # array type -> its Launches
+# The module that registers an array library's kinds, by the library's
+# top-level package: imported by name the first time the core sees that
+# library's arrays, as entry points load plugins (the core imports nothing
+# of dispatcher.torch itself).
+PROVIDERS = {"torch": "dispatcher.torch.native"}
+
+
+def kind_of(a) -> Launches | None:
+    """How calls on arrays of a's type run natively, or None."""
+    kind = KINDS.get(type(a))
+    if kind is None:
+        provider = PROVIDERS.pop(type(a).__module__.partition(".")[0], None)
+        if provider is not None:
+            try:
+                importlib.import_module(provider)
+            except ImportError:
+                return None
+            kind = KINDS.get(type(a))
+    return kind
 
 
 @attrs.frozen

@@ -86,14 +86,17 @@ static size_t set_of(const Key* k) {
 
 /* Run `l` on (a, b), whose key is its own: the new result, or NULL with the check's exception. */
 static PyObject* run(Launch* l, PyObject* a, PyObject* b) {
+    Py_INCREF(l); /* held until the kernel returns: another thread may drop it from the table meanwhile */
     Py_INCREF(l->out); /* PyArray_Empty takes a reference */
     PyObject* result = PyArray_Empty(2, l->dims, l->out, 0);
-    if (!result) return NULL;
+    if (!result) {
+        Py_DECREF(l);
+        return NULL;
+    }
     dispatcher_gemm_args block = l->block;
     block.a = PyArray_DATA((PyArrayObject*)a);
     block.b = PyArray_DATA((PyArrayObject*)b);
     block.c = PyArray_DATA((PyArrayObject*)result);
-    Py_INCREF(l); /* held while the kernel runs: another thread may drop it from the table meanwhile */
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = l->entry(&block);
@@ -192,6 +195,15 @@ static PyObject* Launch_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     return run(l, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
 }
 
+static PyObject* Launch_current(PyObject* self, void* unused) {
+    return PyBool_FromLong(((Launch*)self)->generation == generation);
+}
+
+static PyGetSetDef Launch_getset[] = {
+    {"current", Launch_current, NULL, "False once `clear` has made it stale", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject LaunchType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dispatcher_numpy_calls.Launch",
     .tp_basicsize = sizeof(Launch),
@@ -201,6 +213,7 @@ static PyTypeObject LaunchType = {
     .tp_new = Launch_new,
     .tp_dealloc = (destructor)Launch_dealloc,
     .tp_call = Launch_call,
+    .tp_getset = Launch_getset,
 };
 
 /* call(a, b): the result of a kind of call the table holds, or None. */
@@ -217,14 +230,16 @@ static PyObject* call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
     Py_RETURN_NONE;
 }
 
-/* learn(launch): `call` runs the calls of its kind with it. A full set
- * drops its oldest way. */
+/* learn(launch): `call` runs the calls of its kind with it, unless it is
+ * stale (a registration came between its plan's check and now). A full
+ * set drops its oldest way. */
 static PyObject* learn(PyObject* self, PyObject* launch) {
     if (!PyObject_TypeCheck(launch, &LaunchType)) {
         PyErr_SetString(PyExc_TypeError, "learn takes a Launch");
         return NULL;
     }
     Launch* l = (Launch*)launch;
+    if (l->generation != generation) Py_RETURN_NONE;
     Key k;
     memcpy(k.dtype, l->dtype, sizeof k.dtype);
     memcpy(k.shape, l->shape, sizeof k.shape);

@@ -138,6 +138,37 @@ def test_kinds_of_call_beyond_the_table_are_right(built):
             assert max_rel(got, reference(a, b)) <= 1e-6
 
 
+def test_a_kind_pushed_out_of_the_table_comes_back(built):
+    inputs = [(quantized((m, 7), "fp32", m), quantized((7, n), "fp32", n)) for m in range(1, 40) for n in range(1, 40)]
+    for a, b in inputs:  # 1521 kinds through a table of 1024
+        dispatcher.gemm(a, b)
+    for a, b in inputs:  # the first one that was pushed out: the Python way, which learns it again ...
+        before = counts(built)
+        assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+        if (counts(built) - before).tolist() == [0, 1]:
+            break
+    else:
+        pytest.fail("no kind of call was pushed out of the table")
+    before = counts(built)
+    for _ in range(2):
+        assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+    assert (counts(built) - before).tolist() == [2, 0]  # ... then C
+
+
+def test_equal_dtypes_of_other_objects_are_right_and_cost_no_new_launch_per_call(built):
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    other = np.dtype(np.float32).newbyteorder("=")
+    assert other is not a.dtype and other == a.dtype
+    x, y = a.view(other), b.view(other)
+    held = dispatcher.plan(a=a, b=b)
+    held(a, b), held(a, b)
+    launch = held.native
+    for _ in range(3):
+        assert max_rel(dispatcher.gemm(x, y), reference(a, b)) <= 1e-6
+        assert max_rel(held(x, y), reference(a, b)) <= 1e-6  # C misses (identity), Python runs it
+    assert held.native is launch
+
+
 def test_threads_calling_at_once_get_their_own_results(built):
     shapes = [(16, 16, 16), (24, 8, 40), (9, 31, 17), (64, 64, 64)]
     inputs = [(quantized((m, k), "fp32", i), quantized((k, n), "fp32", 10 + i)) for i, (m, n, k) in enumerate(shapes)]

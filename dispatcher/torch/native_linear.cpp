@@ -294,6 +294,9 @@ class Product {
 
     at::Tensor operator()(const at::Tensor& a, const at::Tensor& b) const { return launch_(a, b); }
 
+    // False once `Products::clear_all` has made it stale.
+    bool current() const { return generation_ == generation.load(); }
+
   private:
     Key key_;
     Launch launch_;
@@ -312,7 +315,10 @@ class Products {
         return py::none();
     }
 
+    // Runs the calls of p's key with p, unless p is stale (a registration
+    // came between its plan's check and now).
     void add(std::shared_ptr<const Product> p) {
+        if (!p->current()) return;
         if (products_.size() >= kKept) products_.clear();
         products_.push_back(std::move(p));
     }
@@ -345,6 +351,7 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
     py::class_<Product, std::shared_ptr<Product>>(m, "Product")
         .def(py::init<const at::Tensor&, const at::Tensor&, const py::tuple&>(), py::arg("a"), py::arg("b"),
              py::arg("launch"))
+        .def_property_readonly("current", &Product::current)
         .def("__call__", [](const Product& self, py::handle a, py::handle b) {
             return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
         });
