@@ -135,18 +135,18 @@ class NativeModule:
         self.done = threading.Event()
         self.thread = None
         self.module = None
-        self.failure = None  # why there is no module, once that is known
+        self.why_not = None  # why there is no module, once that is known
 
     def get(self, wait: bool = False):
         """The loaded module, or None: not loaded yet (the first ask starts
         its build; `wait=True` waits for it), switched off, or it failed to
-        build or load (`failure` says why)."""
-        if self.module is not None or self.failure is not None:
+        build or load (`failure()` says why)."""
+        if self.module is not None or self.why_not is not None:
             return self.module
         with self.lock:
             if self.thread is None:
                 if environ.flag(SWITCH):
-                    self.failure = f"{SWITCH} is set"
+                    self.why_not = f"{SWITCH} is set"
                     self.done.set()
                     return None
                 self.thread = threading.Thread(target=self._load, name=f"{self.name} build", daemon=True)
@@ -154,6 +154,10 @@ class NativeModule:
         if wait:
             self.done.wait()
         return self.module
+
+    def failure(self) -> str | None:
+        """Why there is no module, once that is known (None: loaded, or not yet known)."""
+        return self.why_not
 
     def _forked(self):
         if self.module is None:
@@ -178,7 +182,7 @@ class NativeModule:
                 self.on_load(module)
         except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
             self.module = None
-            self.failure = f"{type(e).__name__}: {e}"
+            self.why_not = f"{type(e).__name__}: {e}"
         finally:
             self.done.set()
 

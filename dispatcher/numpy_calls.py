@@ -46,16 +46,8 @@ def _loaded(module):
 _MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded)
 
 
-def extension(wait: bool = False):
-    """The loaded module, or None: not loaded yet (the first ask starts its
-    build; `wait=True` waits for it), switched off, or it failed to build
-    or load (`failure()` says why)."""
-    return _MODULE.get(wait)
-
-
-def failure() -> str | None:
-    """Why there is no module, once that is known (None: loaded, or not yet known)."""
-    return _MODULE.failure
+extension = _MODULE.get  # the loaded module, or None (`NativeModule.get`; wait=True waits for it)
+failure = _MODULE.failure  # why there is no module, once that is known
 
 
 def launch(key, a, b, plan, order: tuple, scalars: tuple):
@@ -64,7 +56,7 @@ def launch(key, a, b, plan, order: tuple, scalars: tuple):
     (`native_module.Launches.make`)."""
     module = _MODULE.get()
     if module is None:
-        return None if _MODULE.failure is None else False
+        return None if _MODULE.failure() is None else False
     found = plan.native_launch(order, scalars)
     if found is None or found.extra:
         return False

@@ -67,16 +67,8 @@ _PRODUCTS: list = []  # the module's Products of the core's plain calls, once lo
 _MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded)
 
 
-def extension(wait: bool = False):
-    """The loaded module, or None: not loaded yet (the first ask starts its
-    build; `wait=True` waits for it), switched off, or it failed to build
-    or load (`failure()` says why)."""
-    return _MODULE.get(wait)
-
-
-def failure() -> str | None:
-    """Why there is no module, once that is known (None: loaded, or not yet known)."""
-    return _MODULE.failure
+extension = _MODULE.get  # the loaded module, or None (`NativeModule.get`; wait=True waits for it)
+failure = _MODULE.failure  # why there is no module, once that is known
 
 
 class LinearPlans:
