@@ -16,7 +16,8 @@
 # to tune the MLP's six GEMMs in the warm-up); batchedtest: the batched and
 # epilogue GPU tests; alltests: every GPU test file in one run (TEST_K: a -k
 # expression to run some); unaligned: the unaligned and skinny parts of the CUDA
-# benchmark; overhead: benchmarks/call_overhead.py's GPU part. Everything it
+# benchmark; overhead: benchmarks/call_overhead.py's GPU part; cpubench, cpucall: the
+# host CPU's benchmarks (cpu_gemm.py; call_overhead.py's CPU parts). Everything it
 # prints and writes lands under $OUT.
 set -u
 R=$PWD
@@ -52,6 +53,12 @@ for step in "$@"; do
     # per-call cost against torch (issue 22)
     overhead) timeout 400 python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead 2>&1 \
              | tee $OUT/call_overhead.log | tail -30 ;;
+    # the GPU host's CPU (issue 25, issue 22's coexisting threads on more cores): cpu_gemm.py, then
+    # call_overhead.py's CPU parts
+    cpubench) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/cpu_gemm.py --dtypes ${CPU_DTYPES:-fp32,bf16,int8} --repeat 7 \
+             --out $OUT/cpu_gemm_host 2>&1 | tee $OUT/cpu_gemm.log | tail -25 ;;
+    cpucall) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/call_overhead.py --only cpu_call,cpu_coexist \
+             --out $OUT/call_overhead_cpu_host 2>&1 | tee $OUT/call_overhead_cpu.log | tail -12 ;;
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps, one per
     # TUNE_SPECS entry variant:dtype:layout:grid (grid: benchmarks/sweeps/<grid>.json; the default is
