@@ -165,8 +165,10 @@ class NativeModule:
 
     def _load(self):
         try:
+            # bounded: the compiler has its own limit (CompilerMixin.timeout_s), this covers the rest
             child = subprocess.run([sys.executable, "-c", f"from {__name__} import build; build({self.builder!r})"],
-                                   capture_output=True, text=True, start_new_session=True)
+                                   capture_output=True, text=True, start_new_session=True,
+                                   timeout=CompilerMixin.timeout_s + 300)
             if child.returncode != 0:
                 lines = (child.stderr.strip() or f"exit status {child.returncode}").splitlines()
                 raise RuntimeError(lines[-1])
