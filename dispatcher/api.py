@@ -132,7 +132,7 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     if remember is not None and session.in_place:
         _remember(remember[0], plan, remember[1], core, dispatcher)
         if len(remember) > 2:  # a plain call: native code may run the next ones
-            _learn_native(remember[0], arrays, plan, remember[1], core, retry=True)
+            _learn_native(remember[0], arrays["a"], arrays["b"], plan, remember[1], core, new_plan=True)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
     return session.finish(result, host_out)
@@ -341,8 +341,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     except TypeError:  # an unhashable argument: the general path says what is wrong with it
         runner = key = None
     if runner is not None:
-        if plain:  # the native module missed it
-            _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
+        if plain and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
+            _learn_native(key, a, b, *_RUNNERS[key][:3])
         return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
@@ -390,29 +390,33 @@ def _native(a, b):
     return None
 
 
-_NATIVE_MISSES: dict = {}  # plain key -> Python-way calls since its launch was learned (-1: it has none)
+# plain key -> 1 + the Python way's calls of it since its launch was learned (absent: never
+# learned; -1: it has no native launch)
+_NATIVE_MISSES: dict = {}
 
 
-def _learn_native(key, arrays: dict, plan, order: tuple, scalars: tuple, retry=False):
-    """After the Python way ran a plain call of `key`: the module of its
-    arrays' kind learns its plan's launch, so that it runs the next ones.
-    retry: the call made a new plan; else the call came from `_RUNNERS`
-    (its module is still loading, or its launch was pushed out of a full
-    table), learned again at doubling intervals, not on every call."""
-    seen = 0 if retry else _NATIVE_MISSES.get(key, 0)
+def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False):
+    """After the Python way ran a plain call of `key` on (a, b): the module
+    of their kind learns its plan's launch, so that it runs the next ones.
+    new_plan: the call made the plan; else it came from `_RUNNERS`, because
+    the module was still loading (asked again on every call: a cheap no),
+    or because the launch it learned was pushed out of a full table since
+    (learned again at doubling intervals, so kinds that keep pushing each
+    other out do not each cost a new launch per call)."""
+    seen = 0 if new_plan else _NATIVE_MISSES.get(key, 0)
     if seen < 0:
         return
-    if not retry:
-        if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
-            _NATIVE_MISSES.clear()
+    if seen > 0:
         seen = _NATIVE_MISSES[key] = seen + 1
         if seen & (seen - 1):
             return
-    kind = native_module.kind_of(arrays["a"])
-    launch = kind.make(key, arrays["a"], arrays["b"], plan, order, scalars) if kind else False
+    kind = native_module.kind_of(a)
+    launch = kind.make(key, a, b, plan, order, scalars) if kind else False
     if launch and plan.current():  # made for what the hook chain chooses now (else it is stale)
         kind.learn(launch)
-        _NATIVE_MISSES[key] = 0
+        if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
+            _NATIVE_MISSES.clear()
+        _NATIVE_MISSES[key] = max(seen, 1)
     elif launch is False:
         _NATIVE_MISSES[key] = -1
 
@@ -571,8 +575,8 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     runner = _runner(key)
     plain = key is not None and order == ("a", "b") and activation is None
     if runner is not None:
-        if plain:  # the native module missed it
-            _learn_native(key, {"a": a, "b": b}, *_RUNNERS[key][:3])
+        if plain and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
+            _learn_native(key, a, b, *_RUNNERS[key][:3])
         return runner(a, b, *extra)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []

@@ -1,6 +1,8 @@
 """Python extension modules of the dispatcher's own, for the calls whose
 Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
-on numpy arrays) and `dispatcher.torch.native` (Linear's calls).
+/ `matmul(a, b)` and held plans on numpy arrays) and `dispatcher.torch.native`
+(the same on CUDA tensors, its `Product`s, and Linear's calls). What the
+core's plain calls ask of them is here too: `PRODUCTS`, `KINDS`, `kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
 its source, compiler and what it is built against) the first time a
@@ -16,18 +18,20 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+from importlib import metadata
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import threading
+import warnings
 
 import attrs
 
 from . import environ
 from .build import BuildCache
-from .errors import ToolchainError
+from .errors import ConfigError, ToolchainError
 from .library import GemmArgs
 from .targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
@@ -54,24 +58,30 @@ class Launches:
 
 
 KINDS: dict = {}  # array type -> its Launches
-# The module that registers an array library's kinds, by the library's
-# top-level package: imported by name the first time the core sees that
-# library's arrays, as entry points load plugins (the core imports nothing
-# of dispatcher.torch itself).
-PROVIDERS = {"torch": "dispatcher.torch.native"}
+# Where the kinds of an array library's arrays come from: the entry points
+# of this group, each named after the library's top-level package (torch:
+# dispatcher.torch.native, in pyproject.toml), loaded the first time the
+# core sees that library's arrays, as plugins are; the core imports none
+# of them itself.
+ENTRY_POINT_GROUP = "dispatcher.native_calls"
+_LOADED_PROVIDERS: set = set()  # the packages whose entry point was looked up
+_PROVIDERS_LOCK = threading.Lock()
 
 
 def kind_of(a) -> Launches | None:
     """How calls on arrays of a's type run natively, or None."""
     kind = KINDS.get(type(a))
     if kind is None:
-        provider = PROVIDERS.pop(type(a).__module__.partition(".")[0], None)
-        if provider is not None:
-            try:
-                importlib.import_module(provider)
-            except ImportError:
-                return None
-            kind = KINDS.get(type(a))
+        package = type(a).__module__.partition(".")[0]
+        with _PROVIDERS_LOCK:  # one thread loads a provider; the others wait for it
+            if package not in _LOADED_PROVIDERS:
+                _LOADED_PROVIDERS.add(package)
+                for found in metadata.entry_points(group=ENTRY_POINT_GROUP, name=package):
+                    try:
+                        found.load()  # it registers its kinds
+                    except ImportError:
+                        pass
+        kind = KINDS.get(type(a))
     return kind
 
 
@@ -145,8 +155,12 @@ class NativeModule:
             return self.module
         with self.lock:
             if self.thread is None:
-                if environ.flag(SWITCH):
-                    self.why_not = f"{SWITCH} is set"
+                try:
+                    self.why_not = f"{SWITCH} is set" if environ.flag(SWITCH) else None
+                except ConfigError as e:  # the calls are right either way: keep them in Python, and say so
+                    self.why_not = f"{e}; native calls stay off"
+                    warnings.warn(self.why_not, stacklevel=3)
+                if self.why_not is not None:
                     self.done.set()
                     return None
                 self.thread = threading.Thread(target=self._load, name=f"{self.name} build", daemon=True)
@@ -154,6 +168,18 @@ class NativeModule:
         if wait:
             self.done.wait()
         return self.module
+
+    def launch(self, plan, order: tuple, scalars: tuple, make):
+        """A plan's product launch in this module (`Launches.make`):
+        `make(module, found)` with its `Plan.native_launch`; None while the
+        module is not loaded (asking starts its build); False where there
+        will be none (the module cannot load, or the launch is not a plain
+        product's: extra operands, a workspace, an output given)."""
+        module = self.get()
+        if module is None:
+            return None if self.why_not is None else False
+        found = plan.native_launch(order, scalars)
+        return False if found is None or found.extra else make(module, found)
 
     def failure(self) -> str | None:
         """Why there is no module, once that is known (None: loaded, or not yet known)."""
@@ -179,11 +205,10 @@ class NativeModule:
             if module.ARGS_BYTES != ctypes.sizeof(GemmArgs):
                 raise RuntimeError(f"{self.name} was built for another ABI: its argument block has "
                                    f"{module.ARGS_BYTES} bytes, dispatcher's {ctypes.sizeof(GemmArgs)}")
-            self.module = module
             if self.on_load is not None:
                 self.on_load(module)
+            self.module = module  # last: whoever sees it may use what on_load set up
         except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
-            self.module = None
             self.why_not = f"{type(e).__name__}: {e}"
         finally:
             self.done.set()

@@ -111,9 +111,7 @@ static PyObject* run(Launch* l, PyObject* a, PyObject* b) {
     return result;
 }
 
-/* Launch(key, entry, block, rows, cols, out_dtype, check): key is
- * ((shape, strides, dtype) of a, of b), as dispatcher.api.operands_key
- * gives; entry an address; block the argument block's bytes. */
+/* One operand's (shape, strides, dtype) of a Launch's key. */
 static int read_spec(PyObject* spec, PyArray_Descr** dtype, npy_intp shape[2], npy_intp strides[2]) {
     PyObject *s, *t, *d;
     if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "OOO", &s, &t, &d)) {
@@ -130,6 +128,9 @@ static int read_spec(PyObject* spec, PyArray_Descr** dtype, npy_intp shape[2], n
     return 1;
 }
 
+/* Launch(key, entry, block, rows, cols, out_dtype, check): key is
+ * ((shape, strides, dtype) of a, of b), as dispatcher.api.operands_key
+ * gives; entry an address; block the argument block's bytes. */
 static PyObject* Launch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     PyObject *key, *entry, *out, *check;
     Py_buffer block;

@@ -3,16 +3,18 @@
 
 A warm plain call through Python costs its key, its plan's lookup and its
 argument block: a few microseconds, more than a small product's kernel.
-Once the Python way has bound a plain call's plan (`api._remember`),
-`learn` hands its launch (`Plan.native_launch`) to the C module, whose
-`call(a, b)` runs later calls with the same shapes, strides and dtypes;
+Once the Python way has bound a plain call's plan (`api._learn_native`),
+its launch (`Plan.native_launch`) becomes a C `Launch`, which the module's
+`call(a, b)` runs for later calls with the same shapes, strides and dtypes
+(and a held plan calls directly);
 what it has no launch for goes the Python way, which is the same kernels
 and rules. A plugin registration makes it forget every launch.
 
 The module is one of the dispatcher's native modules (`native_module`):
 built from source into the build cache in the background on a process's
 first plain call (about a second with gcc), loaded when built; calls go the
-Python way meanwhile, and each kind of call is learned on its next call.
+Python way meanwhile, and each kind of call is learned on its next call
+after the module loaded.
 `DISPATCHER_NO_NATIVE_CALLS=1` keeps every call in Python.
 """
 
@@ -54,13 +56,8 @@ def launch(key, a, b, plan, order: tuple, scalars: tuple):
     """The C launch of a plan's calls on numpy arrays like a and b, of
     `key` (`api.operands_key(a, b)`), in `order` with `scalars`
     (`native_module.Launches.make`)."""
-    module = _MODULE.get()
-    if module is None:
-        return None if _MODULE.failure() is None else False
-    found = plan.native_launch(order, scalars)
-    if found is None or found.extra:
-        return False
-    return module.Launch(key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check)
+    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Launch(
+        key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check))
 
 
 def learn(launch):

@@ -13,7 +13,7 @@ def pytest_collection_modifyitems(config, items):
     (plain numpy calls; Linear's calls, a ~30 s build against torch's
     headers: docs/architecture.md and docs/pytorch.md, "Native calls") are
     switched off, so the fast suite and the other CPU runs never build
-    them in the background, and their Python way stays tested; `-m native` tests it (CI runs that after
+    them in the background, and their Python way stays tested; `-m native` tests them (CI runs that after
     the fast suite), and `-m gpu` runs with it as users do. Decided from
     the selected tests, before any runs; a switch already set is kept."""
     if not any(item.get_closest_marker("native") or item.get_closest_marker("gpu") for item in items):

@@ -155,6 +155,21 @@ def test_a_kind_pushed_out_of_the_table_comes_back(built):
     assert (counts(built) - before).tolist() == [2, 0]  # ... then C
 
 
+def test_kinds_that_keep_pushing_each_other_out_are_not_each_relearned_per_call(built, monkeypatch):
+    made = []
+    launch = numpy_calls.launch
+    monkeypatch.setitem(native_module.KINDS, np.ndarray, native_module.Launches(
+        lambda *args: made.append(1) or launch(*args), numpy_calls.learn))
+    inputs = [(quantized((m, 5), "fp32", m), quantized((5, n), "fp32", n)) for m in range(1, 41) for n in range(1, 41)]
+    rounds = 6
+    for _ in range(rounds):  # 1600 kinds in turn through a table of 1024
+        for a, b in inputs:
+            dispatcher.gemm(a, b)
+    assert len(made) <= 0.6 * rounds * len(inputs)  # learned again at doubling intervals, not per call
+    a, b = inputs[-1]
+    assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+
+
 def test_equal_dtypes_of_other_objects_are_right_and_cost_no_new_launch_per_call(built):
     a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
     other = np.dtype(np.float32).newbyteorder("=")
@@ -275,6 +290,17 @@ def test_a_held_plan_with_an_out_stays_on_the_python_way(built):
         assert held(a, b, out=out) is out
         assert max_rel(out, reference(a, b)) <= 1e-6
     assert not held.native
+
+
+def test_a_bad_switch_value_warns_and_keeps_every_call_right():
+    out = run_child(CHILD + """
+for _ in range(20):
+    assert max_rel(dispatcher.gemm(a, b), reference(a, b)) <= 1e-6
+print(numpy_calls.failure())
+""", **{native_module.SWITCH: "maybe"})
+    assert out.returncode == 0, out.stderr
+    assert native_module.SWITCH in out.stdout and "native calls stay off" in out.stdout
+    assert out.stderr.count("native calls stay off") == 1  # a warning, once
 
 
 def test_launch_refuses_what_is_not_a_launch(built):

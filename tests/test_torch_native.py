@@ -352,7 +352,12 @@ def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
         assert max_rel(f64(y), f64(x) @ f64(b)) <= 1e-6
     assert product(quantized((24, 41), "fp32", 3)[:, :40], b) is None  # other strides
     assert product(a.double(), b.double()) is None and product(b.t(), a.t()) is None
+    class Sub(torch.Tensor):
+        pass
+    assert product(a.as_subclass(Sub), b) is None  # a subclass may mean something else: its own way
     table = native.extension().Products()
+    with pytest.raises(TypeError):
+        table.add(None)
     table.add(product)
     assert max_rel(f64(table(a, b)), f64(a) @ f64(b)) <= 1e-6 and table(b.t(), a.t()) is None
 

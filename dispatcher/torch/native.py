@@ -13,6 +13,13 @@ stride, dtype, device, stream or alignment, a traced or mode-wrapped call,
 autocast, a plan with a workspace) goes the Python way, which is the same
 kernels and rules.
 
+The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`)
+and held plans (`dispatcher.plan`) use the module too: `product` makes a
+plan's C++ `Product` (its launch for tensors of one key, no autograd), and
+the core's table of them (`Products`) serves those calls first
+(`native_module.PRODUCTS`); the core finds this module through the
+`dispatcher.native_calls` entry point named `torch`.
+
 The module is one of the dispatcher's native modules
 (`dispatcher.native_module`: built from source into the build cache in the
 background the first time a process asks for it; `DISPATCHER_NO_NATIVE_CALLS=1`
@@ -140,13 +147,7 @@ def product(key, a, b, plan, order: tuple, scalars: tuple):
     """The C++ launch of a plan's products on tensors like a and b (the
     core's plain `gemm(a, b)` on CUDA tensors, a held plan's calls;
     `native_module.Launches.make`): no autograd, as on the Python way."""
-    module = extension()
-    if module is None:
-        return None if failure() is None else False
-    found = plan.native_launch(order, scalars)
-    if found is None or found.extra:
-        return False
-    return module.Product(a, b, _spec(found))
+    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(a, b, _spec(found)))
 
 
 def _forget_products():

@@ -16,6 +16,11 @@
 // call nested in another or on another thread has its own) and the result's
 // shape and dtype; each call points the block at its tensors and a new
 // output from torch's allocator.
+//
+// A `Product` is one such launch on its own, for plain products c = a @ b
+// (the core's `dispatcher.gemm(a, b)` on CUDA tensors, held plans), and
+// `Products` the core's table of them; a plugin registration makes every
+// Product stale.
 #include <torch/extension.h>
 
 #include <array>
@@ -262,11 +267,18 @@ class Plans {
     std::vector<c10::intrusive_ptr<Planned>> planned_;
 };
 
-// Whether both are tensors: the core tries products on any arrays (numpy's too).
-bool tensors(py::handle a, py::handle b) { return THPVariable_Check(a.ptr()) && THPVariable_Check(b.ptr()); }
-
 // Calls of `Products::clear_all` so far: a Product made before the last one is stale.
 std::atomic<uint64_t> generation{0};
+
+// The key of a plain product a @ b (as `key_of` of linear(a, b^T)), or
+// false where no launch can take a and b as they are.
+bool product_key(const at::Tensor& a, const at::Tensor& b, Key* key) {
+    if (a.dim() != 2 || b.dim() != 2 || !plain_memory(a) || !plain_memory(b)) return false;
+    if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
+        return false;  // a CUDA kernel launches on the current device: the one its plan was made on
+    *key = key_of(a, b.t(), c10::nullopt);
+    return true;
+}
 
 // One plan's launch of plain products c = a @ b on tensors of one key
 // (shapes, strides, dtypes, device, stream, alignment): a held plan's
@@ -275,27 +287,22 @@ std::atomic<uint64_t> generation{0};
 class Product {
   public:
     Product(const at::Tensor& a, const at::Tensor& b, const py::tuple& launch)
-        : key_(key_of(a, b.t(), c10::nullopt)), launch_(launch_of(launch)), generation_(generation.load()) {
+        : launch_(launch_of(launch)), generation_(generation.load()) {
+        if (!product_key(a, b, &key_)) throw std::invalid_argument("a product's example tensors are not plain");
         if (launch_.block.extra_count != 0) throw std::invalid_argument("a product takes no extra operands");
     }
 
-    bool fits(const at::Tensor& a, const at::Tensor& b) const {
-        if (generation_ != generation.load() || a.dim() != 2 || b.dim() != 2) return false;
-        if (!plain_memory(a) || !plain_memory(b)) return false;
-        if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
-            return false;  // a CUDA kernel launches on the current device: the one its plan was made on
-        return key_of(a, b.t(), c10::nullopt) == key_;
-    }
+    // False once `Products::clear_all` has made it stale.
+    bool current() const { return generation_ == generation.load(); }
+    bool fits(const Key& key) const { return key == key_ && current(); }
 
     // a @ b, or None for tensors of another key (or once stale).
     py::object call(const at::Tensor& a, const at::Tensor& b) const {
-        return fits(a, b) ? py::cast(launch_(a, b)) : py::none();
+        Key key;
+        return product_key(a, b, &key) && fits(key) ? py::cast(launch_(a, b)) : py::none();
     }
 
     at::Tensor operator()(const at::Tensor& a, const at::Tensor& b) const { return launch_(a, b); }
-
-    // False once `Products::clear_all` has made it stale.
-    bool current() const { return generation_ == generation.load(); }
 
   private:
     Key key_;
@@ -310,8 +317,13 @@ class Products {
     static constexpr size_t kKept = 64;  // kinds of call before the list starts again
 
     py::object call(const at::Tensor& a, const at::Tensor& b) const {
+        Key key;
+        if (!product_key(a, b, &key)) return py::none();
         for (const auto& p : products_)
-            if (p->fits(a, b)) return py::cast((*p)(a, b));
+            if (p->fits(key)) {
+                const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
+                return py::cast((*held)(a, b));
+            }
         return py::none();
     }
 
@@ -319,7 +331,7 @@ class Products {
     // came between its plan's check and now).
     void add(std::shared_ptr<const Product> p) {
         if (!p->current()) return;
-        if (products_.size() >= kKept) products_.clear();
+        if (products_.size() >= kKept) products_.clear();  // many kinds: start again rather than keep them all
         products_.push_back(std::move(p));
     }
 
@@ -334,6 +346,11 @@ class Products {
   private:
     std::vector<std::shared_ptr<const Product>> products_;
 };
+
+// Whether both are tensors the core takes: a Tensor or a Parameter, not a
+// subclass (whose __torch_function__ may mean something else), as
+// `dispatcher.api.operands_key` rules.
+bool tensors(py::handle a, py::handle b) { return THPVariable_CheckExact(a.ptr()) && THPVariable_CheckExact(b.ptr()); }
 
 }  // namespace
 
@@ -360,7 +377,8 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         .def("__call__", [](const Products& self, py::handle a, py::handle b) {
             return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
         })
-        .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); })
+        .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); },
+             py::arg("product").none(false))
         .def("clear_all", &Products::clear_all)
         .def("__len__", &Products::size);
 }
