@@ -360,6 +360,7 @@ def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
         table.add(None)
     table.add(product)
     assert max_rel(f64(table(a, b)), f64(a) @ f64(b)) <= 1e-6 and table(b.t(), a.t()) is None
+    assert table.hits() == 1
 
     class Nothing:
         pass

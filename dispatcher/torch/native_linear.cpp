@@ -322,10 +322,14 @@ class Products {
         for (const auto& p : products_)
             if (p->fits(key)) {
                 const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
+                ++hits_;
                 return py::cast((*held)(a, b));
             }
         return py::none();
     }
+
+    // Calls it ran so far.
+    uint64_t hits() const { return hits_; }
 
     // Runs the calls of p's key with p, unless p is stale (a registration
     // came between its plan's check and now).
@@ -345,6 +349,7 @@ class Products {
 
   private:
     std::vector<std::shared_ptr<const Product>> products_;
+    mutable uint64_t hits_ = 0;  // under the GIL
 };
 
 // Whether both are tensors the core takes: a Tensor or a Parameter, not a
@@ -380,5 +385,6 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); },
              py::arg("product").none(false))
         .def("clear_all", &Products::clear_all)
+        .def("hits", &Products::hits)
         .def("__len__", &Products::size);
 }
