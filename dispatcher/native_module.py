@@ -5,12 +5,12 @@ Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
 core's plain calls ask of them is here too: `PRODUCTS`, `KINDS`, `kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
-its source, compiler and what it is built against) the first time a
-process asks for it, by a child process that a background thread waits
-for; until it is loaded, calls go the Python way, which runs the same
-kernels. The child runs in a session of its own, so a process that exits
-while it compiles leaves it to finish and publish the module for the next
-one. Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
+its source, compiler and what it is built against). The first time a
+process asks for it, it is loaded right away where the cache holds it;
+else a child process builds it, which a background thread waits for, and
+until it is loaded, calls go the Python way, which runs the same kernels.
+The child runs in a session of its own, so a process that exits while it
+compiles leaves it to finish and publish the module for the next one. Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import attrs
 
 from . import environ
 from .build import BuildCache
-from .errors import ConfigError, ToolchainError
+from .errors import CacheError, ConfigError, ToolchainError
 from .library import GemmArgs
 from .targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
@@ -126,8 +126,8 @@ class ExtensionToolchain(CompilerMixin):
 
 
 class NativeModule:
-    """One module, built and imported once per process, in the background
-    (module docstring). `builder` names a function, "package.module:name",
+    """One module, imported once per process: from the build cache, or
+    built in the background (module docstring). `builder` names a function, "package.module:name",
     that returns the module's (GeneratedSource, toolchain): the child
     process calls it and builds. The module must export `ARGS_BYTES`, the
     size of the argument block it was compiled with. A process forked while
@@ -160,10 +160,13 @@ class NativeModule:
                 except ConfigError as e:  # the calls are right either way: keep them in Python, and say so
                     self.why_not = f"{e}; native calls stay off"
                     warnings.warn(self.why_not, stacklevel=3)
-                if self.why_not is not None:
+                if self.why_not is None:
+                    self._load_cached()
+                if self.module is not None or self.why_not is not None:
                     self.done.set()
-                    return None
-                self.thread = threading.Thread(target=self._load, name=f"{self.name} build", daemon=True)
+                    return self.module
+                self.thread = threading.Thread(target=self._build_and_load, name=f"{self.name} build",
+                                               daemon=True)
                 self.thread.start()
         if wait:
             self.done.wait()
@@ -189,7 +192,22 @@ class NativeModule:
         if self.module is None:
             self._reset()
 
-    def _load(self):
+    def _load_cached(self):
+        """Load the module here and now where the build cache already holds
+        it (every process after the one that built it): a lookup, not a
+        child process, so the first calls already run natively."""
+        try:
+            source, toolchain = _sources(self.builder)
+            found = BuildCache().lookup(BuildCache().key(source, toolchain), source.name)
+        except ToolchainError as e:  # no compiler: nothing could be built either
+            self.why_not = f"{type(e).__name__}: {e}"
+            return
+        except CacheError:  # a damaged entry: the build sets it aside and builds again
+            return
+        if found is not None:
+            self._load(found.path)
+
+    def _build_and_load(self):
         try:
             # bounded: the compiler has its own limit (CompilerMixin.timeout_s), this covers the rest
             child = subprocess.run([sys.executable, "-c", f"from {__name__} import build; build({self.builder!r})"],
@@ -198,7 +216,16 @@ class NativeModule:
             if child.returncode != 0:
                 lines = (child.stderr.strip() or f"exit status {child.returncode}").splitlines()
                 raise RuntimeError(lines[-1])
-            path = child.stdout.strip().splitlines()[-1]
+        except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
+            self.why_not = f"{type(e).__name__}: {e}"
+        else:
+            self._load(child.stdout.strip().splitlines()[-1])
+        finally:
+            self.done.set()
+
+    def _load(self, path):
+        """Import the module built at `path`; a failure says why."""
+        try:
             spec = importlib.util.spec_from_file_location(self.name, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
@@ -210,13 +237,15 @@ class NativeModule:
             self.module = module  # last: whoever sees it may use what on_load set up
         except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
             self.why_not = f"{type(e).__name__}: {e}"
-        finally:
-            self.done.set()
+
+
+def _sources(builder: str):
+    """The (GeneratedSource, toolchain) that `builder`, "package.module:name", returns."""
+    module, name = builder.split(":")
+    return getattr(importlib.import_module(module), name)()
 
 
 def build(builder: str):
     """Build a module into the build cache (or find it there) and print its
     path: the body of the loader's child process."""
-    module, name = builder.split(":")
-    source, toolchain = getattr(importlib.import_module(module), name)()
-    print(BuildCache().build(source, toolchain).path)
+    print(BuildCache().build(*_sources(builder)).path)

@@ -11,10 +11,10 @@ what it has no launch for goes the Python way, which is the same kernels
 and rules. A plugin registration makes it forget every launch.
 
 The module is one of the dispatcher's native modules (`native_module`):
-built from source into the build cache in the background on a process's
-first plain call (about a second with gcc), loaded when built; calls go the
-Python way meanwhile, and each kind of call is learned on its next call
-after the module loaded.
+loaded from the build cache on a process's first plain call, or built
+there in the background (about a second with gcc) where it is not; calls
+go the Python way meanwhile, and each kind of call is learned on its next
+call after the module loaded.
 `DISPATCHER_NO_NATIVE_CALLS=1` keeps every call in Python.
 """
 
