@@ -6,9 +6,10 @@ core's plain calls ask of them is here too: `PRODUCTS`, `KINDS`, `kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
 its source, compiler and what it is built against). The first time a
-process asks for it, it is loaded right away where the cache holds it;
-else a child process builds it, which a background thread waits for, and
-until it is loaded, calls go the Python way, which runs the same kernels.
+process asks for it, it is loaded right away where the cache holds it,
+or built right away where it compiles in a second (`build_now`); else a
+child process builds it, which a background thread waits for, and until
+it is loaded, calls go the Python way, which runs the same kernels.
 The child runs in a session of its own, so a process that exits while it
 compiles leaves it to finish and publish the module for the next one. Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
 """
@@ -31,7 +32,7 @@ import attrs
 
 from . import environ
 from .build import BuildCache
-from .errors import CacheError, ConfigError, ToolchainError
+from .errors import BuildError, CacheError, ConfigError, ToolchainError
 from .library import GemmArgs
 from .targets.toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
@@ -133,10 +134,13 @@ class NativeModule:
     size of the argument block it was compiled with. A process forked while
     the build runs starts over in the child (the thread is not forked).
     `on_load(module)` runs in the loading thread once the module is loaded
-    (an exception there counts as a failure to load)."""
+    (an exception there counts as a failure to load). `build_now`: a module
+    that compiles in about a second is built in the asking thread, as a
+    call's kernel is, where the cache lacks it, so that even the first
+    process runs its calls natively from the start."""
 
-    def __init__(self, name: str, builder: str, on_load=None):
-        self.name, self.builder, self.on_load = name, builder, on_load
+    def __init__(self, name: str, builder: str, on_load=None, build_now: bool = False):
+        self.name, self.builder, self.on_load, self.build_now = name, builder, on_load, build_now
         self._reset()
         os.register_at_fork(after_in_child=self._forked)
 
@@ -161,7 +165,7 @@ class NativeModule:
                     self.why_not = f"{e}; native calls stay off"
                     warnings.warn(self.why_not, stacklevel=3)
                 if self.why_not is None:
-                    self._load_cached()
+                    self._load_built()
                 if self.module is not None or self.why_not is not None:
                     self.done.set()
                     return self.module
@@ -192,17 +196,20 @@ class NativeModule:
         if self.module is None:
             self._reset()
 
-    def _load_cached(self):
+    def _load_built(self):
         """Load the module here and now where the build cache already holds
-        it (every process after the one that built it): a lookup, not a
-        child process, so the first calls already run natively."""
+        it (every process after the one that built it: a lookup, not a child
+        process, so the first calls already run natively), or, with
+        `build_now`, where this thread builds it."""
         try:
             source, toolchain = _sources(self.builder)
-            found = BuildCache().lookup(BuildCache().key(source, toolchain), source.name)
-        except ToolchainError as e:  # no compiler: nothing could be built either
+            cache = BuildCache()
+            found = cache.build(source, toolchain) if self.build_now else \
+                cache.lookup(cache.key(source, toolchain), source.name)
+        except (ToolchainError, BuildError) as e:  # no compiler, or it failed: the calls stay in Python
             self.why_not = f"{type(e).__name__}: {e}"
             return
-        except CacheError:  # a damaged entry: the build sets it aside and builds again
+        except CacheError:  # a damaged entry: the background build sets it aside and builds again
             return
         if found is not None:
             self._load(found.path)

@@ -12,9 +12,8 @@ and rules. A plugin registration makes it forget every launch.
 
 The module is one of the dispatcher's native modules (`native_module`):
 loaded from the build cache on a process's first plain call, or built
-there in the background (about a second with gcc) where it is not; calls
-go the Python way meanwhile, and each kind of call is learned on its next
-call after the module loaded.
+there then (about a second with gcc, beside the seconds that call's
+kernel takes to build) where it is not.
 `DISPATCHER_NO_NATIVE_CALLS=1` keeps every call in Python.
 """
 
@@ -45,7 +44,7 @@ def _loaded(module):
     native_module.PRODUCTS.insert(0, module.call)
 
 
-_MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded)
+_MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded, build_now=True)
 
 
 extension = _MODULE.get  # the loaded module, or None (`NativeModule.get`; wait=True waits for it)
