@@ -234,16 +234,6 @@ class HeldPlan:
             return None
         return self.plan.runner(self.order, self.scalars)
 
-    def _native_launch(self, arrays):
-        """The plan's native launch for calls on arrays like these (None:
-        their module is loading, or a registration made it stale
-        meanwhile; False: there is none)."""
-        kind = native_module.kind_of(arrays[0])
-        if kind is None:
-            return False
-        launch = kind.make(self.key, *arrays, self.plan, self.order, self.scalars)
-        return launch if not launch or self.plan.current(self.dispatcher) else None
-
     def _planned_arrays(self, operands: tuple, arguments: dict):
         """A call's arrays in `order` where it passes exactly the planned
         operands and nothing else, else None."""
@@ -267,7 +257,8 @@ class HeldPlan:
                 runner = self.runner()
                 if runner is not None:
                     if (native is None or (native and not native.current)) and not arguments and len(arrays) == 2:
-                        self.native = self._native_launch(arrays)
+                        self.native = _native_launch(self.key, *arrays, self.plan, self.order, self.scalars,
+                                                     self.dispatcher)[1]
                     return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
@@ -410,9 +401,8 @@ def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False)
         seen = _NATIVE_MISSES[key] = seen + 1
         if seen & (seen - 1):
             return
-    kind = native_module.kind_of(a)
-    launch = kind.make(key, a, b, plan, order, scalars) if kind else False
-    if launch and plan.current():  # made for what the hook chain chooses now (else it is stale)
+    kind, launch = _native_launch(key, a, b, plan, order, scalars)
+    if launch:
         kind.learn(launch)
         if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
             _NATIVE_MISSES.clear()
@@ -422,6 +412,18 @@ def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False)
 
 
 plugins.on_change(_NATIVE_MISSES.clear)
+
+
+def _native_launch(key, a, b, plan, order: tuple, scalars: tuple, dispatcher=None):
+    """(the native kind of a's arrays, the plan's launch in it for calls on
+    arrays like a and b of `key`): the launch None while its module is
+    loading, or where a registration made it stale while it was made;
+    False where there is none."""
+    kind = native_module.kind_of(a)
+    if kind is None:
+        return None, False
+    launch = kind.make(key, a, b, plan, order, scalars)
+    return kind, launch if not launch or plan.current(dispatcher) else None
 
 
 def exact_key(x: float):
