@@ -156,3 +156,20 @@ def parity_grid(variant, dtypes, layouts, offset=None):
             marks = [pytest.mark.parity] + ([] if fast else [pytest.mark.slow])
             params.append(pytest.param(dtype, layout, marks=marks, id=f"{dtype}-{layout}"))
     return params
+
+
+def built_native_module(module, variable: str, compilers: tuple):
+    """`module`'s native module (dispatcher.native_module: `module.extension`
+    and `module.failure`), built or found in the build cache; skips where
+    the machine cannot build one (no compiler from $`variable` or
+    `compilers`, no Python headers), fails where the build fails."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+    if not any(shutil.which(n) for n in (os.environ.get(variable), *compilers) if n):
+        pytest.skip(f"no compiler for the native module (${variable} or {', '.join(compilers)})")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no Python headers (Python.h) for the native module")
+    built = module.extension(wait=True)
+    assert built is not None, module.failure()
+    return built

@@ -17,6 +17,7 @@ import pytest
 
 import dispatcher
 import dispatcher.errors
+from conftest import built_native_module
 from dispatcher import native_module, numpy_calls
 from dispatcher.plugins import get_manager
 from dispatcher.verify import max_rel, reference
@@ -29,19 +30,8 @@ TOL = {"fp32": 1e-6, "bf16": 8e-3}
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    """The module, built (or found in the build cache) before the tests;
-    they skip where the machine cannot build one (no C compiler, no Python
-    headers), and fail where the build fails."""
-    import shutil
-    import sysconfig
-    from pathlib import Path
-    if not any(shutil.which(n) for n in (os.environ.get("CC"), "gcc", "cc", "clang") if n):
-        pytest.skip("no C compiler for the native module")
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        pytest.skip("no Python headers (Python.h) for the native module")
-    module = numpy_calls.extension(wait=True)
-    assert module is not None, numpy_calls.failure()
-    return module
+    """The module before the tests (`built_native_module`)."""
+    return built_native_module(numpy_calls, "CC", ("gcc", "cc", "clang"))
 
 
 def quantized(shape, dtype, seed, order="C"):

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.native
 import dispatcher.torch as dt  # noqa: E402
 from dispatcher import dtypes, native_module  # noqa: E402
 from dispatcher.plugins import get_manager  # noqa: E402
+from conftest import built_native_module  # noqa: E402
 from dispatcher.torch import native  # noqa: E402
 from dispatcher.verify import max_rel  # noqa: E402
 
@@ -26,19 +27,8 @@ TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    """The module, built (or found in the build cache) before the tests;
-    they skip where the machine cannot build any (no C++ compiler, no
-    Python headers), and fail where the build fails."""
-    import shutil
-    import sysconfig
-    from pathlib import Path
-    if not (shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++")):
-        pytest.skip("no C++ compiler for the native module")
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        pytest.skip("no Python headers (Python.h) for the native module")
-    module = native.extension(wait=True)
-    assert module is not None, native.failure()
-    return module
+    """The module before the tests (`built_native_module`)."""
+    return built_native_module(native, "CXX", ("g++", "c++"))
 
 
 @pytest.fixture(autouse=True)
