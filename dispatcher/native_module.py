@@ -133,7 +133,7 @@ class NativeModule:
     process calls it and builds. The module must export `ARGS_BYTES`, the
     size of the argument block it was compiled with. A process forked while
     the build runs starts over in the child (the thread is not forked).
-    `on_load(module)` runs in the loading thread once the module is loaded
+    `on_load(module)` runs once the module is imported, before anyone can see it
     (an exception there counts as a failure to load). `build_now`: a module
     that compiles in about a second is built in the asking thread, as a
     call's kernel is, where the cache lacks it, so that even the first

@@ -40,7 +40,7 @@ def source():
 
 
 def _loaded(module):
-    """In the loading thread: the core's plain calls try the module first."""
+    """Once loaded: the core's plain calls try the module first."""
     native_module.PRODUCTS.insert(0, module.call)
 
 

@@ -65,7 +65,7 @@ def source():
 
 
 def _loaded(module):
-    """In the loading thread: the core's plain calls on tensors try the module's products."""
+    """Once loaded: the core's plain calls on tensors try the module's products."""
     _PRODUCTS.append(module.Products())
     native_module.PRODUCTS.append(_PRODUCTS[0])
 
