@@ -315,6 +315,7 @@ def neon_kernels(tmp_path_factory) -> dict:
     return {k.config.name: k for k in kernels}
 
 
+@pytest.mark.slow  # a minute of cross builds and emulation: CI runs it in its slow step (.ci/run)
 @pytest.mark.parametrize("spec", kernel_specs())
 def test_neon_kernel_matches_reference_under_qemu(spec, neon_kernels):
     config = neon_config(spec)
