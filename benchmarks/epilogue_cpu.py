@@ -35,11 +35,12 @@ import os
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 
 import dispatcher
-from common import RESULTS, environment, pyplot, time_interleaved, warn_if_openblas_throttled, write
+from common import environment, pyplot, time_interleaved, warn_if_openblas_throttled, write
 from dispatcher import dtypes
 from dispatcher.targets import cpu_isa
 from dispatcher.timing import TimingOptions
@@ -164,8 +165,8 @@ def rows_of(size: int, activations, together: dict, apart: dict) -> list:
     return rows
 
 
-def plot(payload: dict):
-    plt = pyplot(RESULTS / "epilogue_cpu.png")
+def plot(payload: dict, path: Path):
+    plt = pyplot(path)
     if plt is None:
         return
     rows = payload["rows"]
@@ -179,7 +180,7 @@ def plot(payload: dict):
     ax.set_ylabel("numpy unfused time / fused time (median)")
     ax.set_title(f"GEMM + bias + activation, fp32\n{payload['environment']['isa']} (red: target)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(RESULTS / "epilogue_cpu.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 def main():
@@ -188,6 +189,7 @@ def main():
     parser.add_argument("--activations", default=",".join(ACTIVATIONS))
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per contender")
     parser.add_argument("--rounds", type=int, default=3, help="child processes per side, alternating (alone)")
+    parser.add_argument("--out", default="epilogue_cpu", help="name under benchmarks/results, or a path")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child of `alone`
     args = parser.parse_args()
     try:
@@ -216,8 +218,9 @@ def main():
                load_average_before=load_before, load_average_after=os.getloadavg())
     payload = dict(environment=env, rows=rows, target=1.0,
                    met=all(r["alone"]["speedup"] >= 1.0 for r in rows if r["activation"] != "none"))
-    print(f"wrote {write('epilogue_cpu', payload)}")
-    plot(payload)
+    path = write(args.out, payload)
+    print(f"wrote {path}")
+    plot(payload, path.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@
 # epilogue GPU tests; alltests: every GPU test file in one run (TEST_K: a -k
 # expression to run some); unaligned: the unaligned and skinny parts of the CUDA
 # benchmark; overhead: benchmarks/call_overhead.py's GPU part; cpubench, cpucall: the
-# host CPU's benchmarks (cpu_gemm.py; call_overhead.py's CPU parts). Everything it
+# host CPU's benchmarks (cpu_gemm.py; call_overhead.py's CPU parts); cpuepilogue: its fused
+# GEMM + bias + activation against numpy's unfused (epilogue_cpu.py, needs scipy); bundle:
+# everything under $OUT as one results.tar.gz (last: at most 8 files come back). Everything it
 # prints and writes lands under $OUT.
 set -u
 R=$PWD
@@ -59,6 +61,8 @@ for step in "$@"; do
              --out $OUT/cpu_gemm_host 2>&1 | tee $OUT/cpu_gemm.log | tail -25 ;;
     cpucall) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/call_overhead.py --only cpu_call,cpu_coexist \
              --out $OUT/call_overhead_cpu_host 2>&1 | tee $OUT/call_overhead_cpu.log | tail -12 ;;
+    cpuepilogue) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/epilogue_cpu.py --out $OUT/epilogue_cpu_host 2>&1 \
+             | tee $OUT/epilogue_cpu.log | tail -12 ;;
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps, one per
     # TUNE_SPECS entry variant:dtype:layout:grid (grid: benchmarks/sweeps/<grid>.json; the default is
@@ -75,6 +79,8 @@ for step in "$@"; do
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
             --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
             | tee -a $OUT/tune.log ;;
+    # everything under $OUT in one file (at most 8 files come back from the machine)
+    bundle) (cd $OUT && tar -czf results.tar.gz --exclude results.tar.gz . && find . -type f ! -name results.tar.gz -delete) ;;
     *) echo "unknown step $step" ; exit 2 ;;
   esac
 done

@@ -113,9 +113,13 @@ int64_t stream_of(const at::Tensor& t) {
 // A CUDA plan holds for one alignment class (`dispatcher.plans._alignment`).
 int64_t aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-Key key_of(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+// `w_transposed`: the key of w.t() in w's place, read off w (a plain product's b,
+// whose transposed view would cost an allocation per call).
+Key key_of(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+           bool w_transposed = false) {
     const bool b = bias.has_value() && bias->defined();
-    return {x.size(0), x.size(1), x.stride(0), x.stride(1), w.size(0), w.size(1), w.stride(0), w.stride(1),
+    const int r = w_transposed ? 1 : 0, c = 1 - r;
+    return {x.size(0), x.size(1), x.stride(0), x.stride(1), w.size(r), w.size(c), w.stride(r), w.stride(c),
             b ? bias->size(0) : -1, b ? bias->stride(0) : -1, int64_t(x.scalar_type()),
             int64_t(w.scalar_type()), b ? int64_t(bias->scalar_type()) : -1, int64_t(x.device().type()),
             x.device().index(), stream_of(x), b ? int64_t(bias->device().type()) : -1,
@@ -276,7 +280,7 @@ bool product_key(const at::Tensor& a, const at::Tensor& b, Key* key) {
     if (a.dim() != 2 || b.dim() != 2 || !plain_memory(a) || !plain_memory(b)) return false;
     if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
         return false;  // a CUDA kernel launches on the current device: the one its plan was made on
-    *key = key_of(a, b.t(), c10::nullopt);
+    *key = key_of(a, b, c10::nullopt, /*w_transposed=*/true);
     return true;
 }
 
