@@ -113,8 +113,9 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     remember: (key, operand order) of a call that `_RUNNERS` may serve
     (the key holds everything the plan depends on): where the plan's
     runner can run such calls on the caller's own arrays, the next call
-    of that key goes straight to it; (key, order, "plain") for a plain
-    call (`_native`), which a native module may learn too."""
+    of that key goes straight to it; (key, order, activation) for a plain
+    call (`_native`) or matmul's call with a bias and an activation
+    (`_native_epilogue`), which a native module may learn too."""
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -131,8 +132,9 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     result = plan(imported, core, values, session.memory, session.empty, session.stream)
     if remember is not None and session.in_place:
         _remember(remember[0], plan, remember[1], core, dispatcher)
-        if len(remember) > 2:  # a plain call: native code may run the next ones
-            _learn_native(remember[0], arrays["a"], arrays["b"], plan, remember[1], core, new_plan=True)
+        if len(remember) > 2:  # native code may run the next ones
+            _learn_native(remember[0], tuple(arrays[n] for n in remember[1]), plan, remember[1], core,
+                          remember[2], new_plan=True)
     out = arrays.get(plan.names.get("out"))
     host_out = out if isinstance(out, np.ndarray) and imported.get(plan.names.get("out")) is not out else None
     return session.finish(result, host_out)
@@ -257,8 +259,8 @@ class HeldPlan:
                 runner = self.runner()
                 if runner is not None:
                     if (native is None or (native and not native.current)) and not arguments and len(arrays) == 2:
-                        self.native = _native_launch(self.key, *arrays, self.plan, self.order, self.scalars,
-                                                     self.dispatcher)[1]
+                        self.native = _native_launch(self.key, tuple(arrays), self.plan, self.order, self.scalars,
+                                                     None, self.dispatcher)[1]
                     return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
@@ -333,7 +335,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         runner = key = None
     if runner is not None:
         if plain and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
-            _learn_native(key, a, b, *_RUNNERS[key][:3])
+            _learn_native(key, (a, b), *_RUNNERS[key][:3], None)
         return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
@@ -344,7 +346,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["out"]] = out
     return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
                  config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher,
-                 remember=None if key is None else (key, tuple(arrays)) + (("plain",) if plain else ()))
+                 remember=None if key is None else (key, tuple(arrays)) + ((None,) if plain else ()))
 
 
 # Calls whose plan a key read straight off the call decides: `gemm` and
@@ -381,13 +383,25 @@ def _native(a, b):
     return None
 
 
-# plain key -> 1 + the Python way's calls of it since its launch was learned (absent: never
+# native-eligible key -> 1 + the Python way's calls of it since its launch was learned (absent: never
 # learned; -1: it has no native launch)
 _NATIVE_MISSES: dict = {}
 
 
-def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False):
-    """After the Python way ran a plain call of `key` on (a, b): the module
+def _native_epilogue(a, b, bias, activation):
+    """The result of matmul's call with a bias and an activation (else
+    every default) that a native module ran (`native_module.EPILOGUES`:
+    CUDA tensors in C++), else None."""
+    for product in native_module.EPILOGUES:
+        result = product(a, b, bias, activation)
+        if result is not None:
+            return result
+    return None
+
+
+def _learn_native(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation, new_plan=False):
+    """After the Python way ran a plain call of `key` on `arrays` (a, b),
+    or matmul's call with a bias (a, b, bias) and `activation`: the module
     of their kind learns its plan's launch, so that it runs the next ones.
     new_plan: the call made the plan; else it came from `_RUNNERS`, because
     the module was still loading (asked again on every call: a cheap no),
@@ -401,7 +415,7 @@ def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False)
         seen = _NATIVE_MISSES[key] = seen + 1
         if seen & (seen - 1):
             return
-    kind, launch = _native_launch(key, a, b, plan, order, scalars)
+    kind, launch = _native_launch(key, arrays, plan, order, scalars, activation)
     if launch:
         kind.learn(launch)
         if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
@@ -414,15 +428,15 @@ def _learn_native(key, a, b, plan, order: tuple, scalars: tuple, new_plan=False)
 plugins.on_change(_NATIVE_MISSES.clear)
 
 
-def _native_launch(key, a, b, plan, order: tuple, scalars: tuple, dispatcher=None):
-    """(the native kind of a's arrays, the plan's launch in it for calls on
-    arrays like a and b of `key`): the launch None while its module is
-    loading, or where a registration made it stale while it was made;
-    False where there is none."""
-    kind = native_module.kind_of(a)
+def _native_launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation, dispatcher=None):
+    """(the native kind of the arrays, the plan's launch in it for calls on
+    arrays like `arrays` of `key` with `activation`): the launch None while
+    its module is loading, or where a registration made it stale while it
+    was made; False where there is none."""
+    kind = native_module.kind_of(arrays[0])
     if kind is None:
         return None, False
-    launch = kind.make(key, a, b, plan, order, scalars)
+    launch = kind.make(key, arrays, plan, order, scalars, activation)
     return kind, launch if not launch or plan.current(dispatcher) else None
 
 
@@ -562,8 +576,11 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
                 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None and variant is None
                 and target == "auto" and config is None and options is None and dispatcher is None)
     key = order = None  # every argument but bias, activation and out at its default: a key of its own
-    if defaults and bias is None and out is None and activation is None:  # the plain call: gemm(a, b)'s
-        result = _native(a, b)
+    if defaults and out is None:
+        if bias is None and activation is None:  # the plain call: gemm(a, b)'s
+            result = _native(a, b)
+        else:
+            result = _native_epilogue(a, b, bias, activation)
         if result is not None:
             return result
     if defaults and (activation is None or type(activation) is str):
@@ -575,10 +592,10 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
             key = None
     runner = _runner(key)
-    plain = key is not None and order == ("a", "b") and activation is None
+    native = key is not None and out is None  # a plain call, or one with a bias and an activation
     if runner is not None:
-        if plain and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
-            _learn_native(key, a, b, *_RUNNERS[key][:3])
+        if native and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
+            _learn_native(key, (a, b, *extra), *_RUNNERS[key][:3], activation)
         return runner(a, b, *extra)
     check_arrays([("a", a), ("b", b)], [("out", out), ("bias", bias)])
     squeeze = []
@@ -598,7 +615,7 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     result = _run(variant, {"a": a, "b": b, "out": out, "alpha": alpha, **extra}, target=target,
                   out_dtype=out_dtype, config=config, options=options, strict=False, autotune=None,
                   dispatcher=dispatcher,
-                  remember=None if key is None else (key, order) + (("plain",) if plain else ()))
+                  remember=None if key is None else (key, order) + ((activation,) if native else ()))
     return result.squeeze(tuple(squeeze)) if squeeze else result
 
 

@@ -2,7 +2,8 @@
 Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
 / `matmul(a, b)` and held plans on numpy arrays) and `dispatcher.torch.native`
 (the same on CUDA tensors, its `Product`s, and Linear's calls). What the
-core's plain calls ask of them is here too: `PRODUCTS`, `KINDS`, `kind_of`.
+core's plain calls ask of them is here too: `PRODUCTS`, `EPILOGUES`, `KINDS`,
+`kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
 its source, compiler and what it is built against). The first time a
@@ -42,19 +43,25 @@ SWITCH = "DISPATCHER_NO_NATIVE_CALLS"
 # `matmul(a, b)` with every default): callables (a, b) -> a @ b, or None for
 # arrays they have no launch for, tried in order before the Python way.
 PRODUCTS: list = []
+# The same for `matmul(a, b, bias=..., activation=...)` (else every
+# default): callables (a, b, bias or None, activation name or None) ->
+# act(a @ b + bias), or None.
+EPILOGUES: list = []
 
 
 @attrs.frozen
 class Launches:
     """How one kind of array's calls run natively, registered by the Python
     side of the module that runs them (`KINDS`)."""
-    # (key, a, b, plan, order, scalars) -> the plan's launch of calls on
-    # arrays like a and b: callable as launch(a, b), which returns None for
-    # arrays of another key or once a plugin registration made it stale;
-    # None while the module is not loaded; False where there will be none
+    # (key, arrays, plan, order, scalars, activation) -> the plan's launch of
+    # calls on arrays like `arrays` (a, b and the bias, if any, in `order`)
+    # with that activation (None or its name): a plain one (a and b, no
+    # activation) callable as launch(a, b), which returns None for arrays of
+    # another key or once a plugin registration made it stale; None while
+    # the module is not loaded; False where there will be none
     make: object
-    # (launch) -> None: the module's table of plain calls (its `PRODUCTS`
-    # entry) runs the calls of the launch's key with it
+    # (launch) -> None: the module's table of calls (its `PRODUCTS` and
+    # `EPILOGUES` entries) runs the calls of the launch's key with it
     learn: object
 
 
@@ -180,13 +187,13 @@ class NativeModule:
         """A plan's product launch in this module (`Launches.make`):
         `make(module, found)` with its `Plan.native_launch`; None while the
         module is not loaded (asking starts its build); False where there
-        will be none (the module cannot load, or the launch is not a plain
-        product's: extra operands, a workspace, an output given)."""
+        will be none (the module cannot load, or the plan has no native
+        launch: a workspace, an output given)."""
         module = self.get()
         if module is None:
             return None if self.why_not is None else False
         found = plan.native_launch(order, scalars)
-        return False if found is None or found.extra else make(module, found)
+        return False if found is None else make(module, found)
 
     def failure(self) -> str | None:
         """Why there is no module, once that is known (None: loaded, or not yet known)."""

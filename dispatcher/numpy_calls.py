@@ -51,10 +51,13 @@ extension = _MODULE.get  # the loaded module, or None (`NativeModule.get`; wait=
 failure = _MODULE.failure  # why there is no module, once that is known
 
 
-def launch(key, a, b, plan, order: tuple, scalars: tuple):
-    """The C launch of a plan's calls on numpy arrays like a and b, of
-    `key` (`api.operands_key(a, b)`), in `order` with `scalars`
-    (`native_module.Launches.make`)."""
+def launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
+    """The C launch of a plan's plain calls on numpy arrays like `arrays`
+    (a, b), of `key` (`api.operands_key(a, b)`), in `order` with `scalars`
+    (`native_module.Launches.make`); False for calls with a bias or an
+    activation, which stay on the Python way."""
+    if len(arrays) != 2 or activation is not None:
+        return False
     return _MODULE.launch(plan, order, scalars, lambda module, found: module.Launch(
         key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check))
 

@@ -222,25 +222,30 @@ def test_linear_native_calls_on_cuda_forward_backward_and_captured():
 
 @pytest.mark.native
 def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
-    """dispatcher.gemm(a, b) and a held plan on CUDA tensors: from their
-    third call on, the C++ product of dispatcher.torch's module runs them
-    (`native.Product`), right against float64, on the current stream; a
+    """dispatcher.gemm(a, b), matmul with a fused bias and GELU and a held
+    plan on CUDA tensors: from their third call on, the C++ product of
+    dispatcher.torch's module runs them (`native.Product`), right against
+    float64, on the current stream; a
     call on another stream or under capture goes its own way and replays right."""
     import dispatcher
     from dispatcher.torch import native
     assert native.extension(wait=True) is not None, native.failure()
     a, b = matrix(256, 320, 1), matrix(320, 192, 2)
+    bias = matrix(1, 192, 3)[0]
     held = dispatcher.plan(a=a, b=b)
     hits = None
     for step in range(4):
-        if step == 2:  # gemm and matmul share their kind: learned by now
+        if step == 2:  # gemm and matmul share their kind, the epilogue call has its own: learned by now
             hits = native._PRODUCTS[0].hits()
         a.copy_(matrix(256, 320, 10 + step))
         expected = a.double() @ b.double()
         assert rel(dispatcher.gemm(a, b), expected) <= BF16, step
         assert rel(dispatcher.matmul(a, b), expected) <= BF16, step
         assert rel(held(a, b), expected) <= BF16, step
-    assert native._PRODUCTS[0].hits() - hits == 4 and held.native  # steps 2 and 3: gemm and matmul in C++
+        fused = dispatcher.matmul(a, b, bias=bias, activation="gelu")
+        assert rel(fused, torch.nn.functional.gelu(expected + bias.double())) <= 2 * BF16, step
+    # steps 2 and 3: gemm, matmul and the fused epilogue call in C++
+    assert native._PRODUCTS[0].hits() - hits == 6 and held.native
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -333,7 +333,7 @@ def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
     a, b = quantized((24, 40), "fp32", 1), quantized((40, 20), "fp32", 2)
     held = dispatcher.plan(a=a.numpy(), b=b.numpy())
     held(a.numpy(), b.numpy())  # binds the kernel
-    product = native.product(None, a, b, held.plan, held.order, held.scalars)
+    product = native.product(None, (a, b), held.plan, held.order, held.scalars, None)
     assert product
     for seed in range(3):
         x = quantized((24, 40), "fp32", 10 + seed).requires_grad_()
@@ -360,3 +360,42 @@ def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
         assert product(a, b) is None  # stale: a plugin registration may change what selection chooses
     finally:
         manager.unregister(name="nothing-product-test")
+
+
+def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
+    """`Products.epilogue`: matmul's calls with a fused bias and activation
+    (CUDA tensors on a GPU; a CPU plan and tensors here) run the product of
+    their key and activation, right against float64; a plain call, another
+    activation or a bias of another shape never runs it."""
+    import math
+
+    import dispatcher
+    a, b = quantized((24, 40), "fp32", 1), quantized((40, 20), "fp32", 2)
+    bias = quantized((20,), "fp32", 3)
+    table = native.extension().Products()
+    products = {}
+    for activation in ("gelu", "relu"):
+        for with_bias in (True, False):
+            arrays = (a, b, bias) if with_bias else (a, b)
+            named = dict(zip(("a", "b", "bias"), (x.numpy() for x in arrays)))
+            held = dispatcher.plan(**named, activation=activation)
+            held(**named)  # binds the kernel
+            product = native.product(None, arrays, held.plan, held.order, held.scalars, activation)
+            assert product
+            table.add(product)
+            products[activation, with_bias] = product
+    gelu = np.vectorize(lambda v: 0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))))
+    acts = {"gelu": gelu, "relu": lambda v: np.maximum(v, 0.0)}
+    for seed in range(2):
+        x = quantized((24, 40), "fp32", 10 + seed)
+        for (activation, with_bias) in products:
+            y = table.epilogue(x, b, bias if with_bias else None, activation)
+            expected = acts[activation](f64(x) @ f64(b) + (f64(bias) if with_bias else 0.0))
+            assert max_rel(f64(y), expected) <= 1e-6, (activation, with_bias)
+    assert table.hits() == 2 * len(products)
+    assert table(a, b) is None  # a plain call: no product of its key and no activation here
+    assert table.epilogue(a, b, bias, "silu") is None and table.epilogue(a, b, None, None) is None
+    assert table.epilogue(a, b, bias[None, :], "gelu") is None  # a 2-D bias: another key
+    assert table.epilogue(a, b, quantized((40,), "fp32", 4)[::2], "gelu") is None  # another stride
+    assert table.epilogue(a, b, bias, 3) is None  # not a name
+    assert native.product(None, (a, b, bias[:, None][:20]), held.plan, held.order, held.scalars, "gelu") is False

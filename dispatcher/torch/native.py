@@ -13,12 +13,13 @@ stride, dtype, device, stream or alignment, a traced or mode-wrapped call,
 autocast, a plan with a workspace) goes the Python way, which is the same
 kernels and rules.
 
-The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`)
-and held plans (`dispatcher.plan`) use the module too: `product` makes a
-plan's C++ `Product` (its launch for tensors of one key, no autograd), and
-the core's table of them (`Products`) serves those calls first
-(`native_module.PRODUCTS`); the core finds this module through the
-`dispatcher.native_calls` entry point named `torch`.
+The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`),
+`matmul`'s calls with a fused bias and activation and held plans
+(`dispatcher.plan`) use the module too: `product` makes a plan's C++
+`Product` (its launch for tensors of one key and one activation, no
+autograd), and the core's table of them (`Products`) serves those calls
+first (`native_module.PRODUCTS`, `EPILOGUES`); the core finds this module
+through the `dispatcher.native_calls` entry point named `torch`.
 
 The module is one of the dispatcher's native modules
 (`dispatcher.native_module`: built from source into the build cache in the
@@ -65,12 +66,14 @@ def source():
 
 
 def _loaded(module):
-    """Once loaded: the core's plain calls on tensors try the module's products."""
+    """Once loaded: the core's plain calls and matmul's epilogue calls on
+    tensors try the module's products."""
     _PRODUCTS.append(module.Products())
     native_module.PRODUCTS.append(_PRODUCTS[0])
+    native_module.EPILOGUES.append(_PRODUCTS[0].epilogue)
 
 
-_PRODUCTS: list = []  # the module's Products of the core's plain calls, once loaded
+_PRODUCTS: list = []  # the module's Products of the core's calls, once loaded
 _MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded)
 
 
@@ -143,11 +146,17 @@ class LinearPlans:
         self.fruitless = 0
 
 
-def product(key, a, b, plan, order: tuple, scalars: tuple):
-    """The C++ launch of a plan's products on tensors like a and b (the
-    core's plain `gemm(a, b)` on CUDA tensors, a held plan's calls;
-    `native_module.Launches.make`): no autograd, as on the Python way."""
-    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(a, b, _spec(found)))
+def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
+    """The C++ launch of a plan's products on tensors like `arrays` (a, b
+    and a bias, if any) with `activation` (the core's `gemm(a, b)` and
+    `matmul` on CUDA tensors, a held plan's calls;
+    `native_module.Launches.make`): no autograd, as on the Python way.
+    False for a bias that is not one value per column (1-D)."""
+    bias = arrays[2] if len(arrays) > 2 else None
+    if bias is not None and bias.dim() != 1:
+        return False
+    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(
+        arrays[0], arrays[1], bias, activation or "", _spec(found)))
 
 
 def _forget_products():

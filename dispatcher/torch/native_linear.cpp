@@ -17,10 +17,10 @@
 // shape and dtype; each call points the block at its tensors and a new
 // output from torch's allocator.
 //
-// A `Product` is one such launch on its own, for plain products c = a @ b
-// (the core's `dispatcher.gemm(a, b)` on CUDA tensors, held plans), and
-// `Products` the core's table of them; a plugin registration makes every
-// Product stale.
+// A `Product` is one such launch on its own, for products c = act(a @ b +
+// bias) (the core's `dispatcher.gemm(a, b)` and `matmul` on CUDA tensors,
+// held plans), and `Products` the core's table of them; a plugin
+// registration makes every Product stale.
 #include <torch/extension.h>
 
 #include <array>
@@ -274,60 +274,93 @@ class Plans {
 // Calls of `Products::clear_all` so far: a Product made before the last one is stale.
 std::atomic<uint64_t> generation{0};
 
-// The key of a plain product a @ b (as `key_of` of linear(a, b^T)), or
-// false where no launch can take a and b as they are.
-bool product_key(const at::Tensor& a, const at::Tensor& b, Key* key) {
+// The key of a product a @ b (+ a bias: one value per column of the result,
+// 1-D; as `key_of` of linear(a, b^T, bias)), or false where no launch can
+// take the tensors as they are.
+bool product_key(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias, Key* key) {
     if (a.dim() != 2 || b.dim() != 2 || !plain_memory(a) || !plain_memory(b)) return false;
+    if (bias.has_value() && (bias->dim() != 1 || !plain_memory(*bias))) return false;
     if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
         return false;  // a CUDA kernel launches on the current device: the one its plan was made on
-    *key = key_of(a, b, c10::nullopt, /*w_transposed=*/true);
+    *key = key_of(a, b, bias, /*w_transposed=*/true);
     return true;
 }
 
-// One plan's launch of plain products c = a @ b on tensors of one key
-// (shapes, strides, dtypes, device, stream, alignment): a held plan's
-// (`dispatcher.plan`) and the core's plain `gemm(a, b)` / `matmul(a, b)`.
-// No autograd: like the core's Python way, the result records no graph.
+// A call's activation (None or its name) as a product holds it: "" for none.
+bool activation_of(py::handle activation, std::string* name) {
+    if (activation.is_none()) {
+        name->clear();
+        return true;
+    }
+    if (!PyUnicode_Check(activation.ptr())) return false;
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(activation.ptr(), &size);
+    if (!text) {
+        PyErr_Clear();
+        return false;
+    }
+    name->assign(text, size);
+    return true;
+}
+
+// One plan's launch of products c = act(a @ b + bias) on tensors of one key
+// (shapes, strides, dtypes, device, stream, alignment) and one activation
+// (the epilogue its kernel fuses): a held plan's (`dispatcher.plan`: plain
+// products), the core's plain `gemm(a, b)` / `matmul(a, b)` and `matmul`
+// with a bias and an activation. No autograd: like the core's Python way,
+// the result records no graph.
 class Product {
   public:
-    Product(const at::Tensor& a, const at::Tensor& b, const py::tuple& launch)
-        : launch_(launch_of(launch)), generation_(generation.load()) {
-        if (!product_key(a, b, &key_)) throw std::invalid_argument("a product's example tensors are not plain");
-        if (launch_.block.extra_count != 0) throw std::invalid_argument("a product takes no extra operands");
+    Product(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
+            const std::string& activation, const py::tuple& launch)
+        : launch_(launch_of(launch)), activation_(activation), generation_(generation.load()) {
+        if (!product_key(a, b, bias, &key_)) throw std::invalid_argument("a product's example tensors are not plain");
+        if (launch_.block.extra_count != (bias.has_value() ? 1 : 0))
+            throw std::invalid_argument("a product's launch takes one extra operand, its bias, or none");
     }
 
     // False once `Products::clear_all` has made it stale.
     bool current() const { return generation_ == generation.load(); }
-    bool fits(const Key& key) const { return key == key_ && current(); }
-
-    // a @ b, or None for tensors of another key (or once stale).
-    py::object call(const at::Tensor& a, const at::Tensor& b) const {
-        Key key;
-        return product_key(a, b, &key) && fits(key) ? py::cast(launch_(a, b)) : py::none();
+    bool fits(const Key& key, const std::string& activation) const {
+        return key == key_ && activation == activation_ && current();
     }
 
-    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b) const { return launch_(a, b); }
+    // a @ b (a plain product's launch), or None for tensors of another key (or once stale).
+    py::object call(const at::Tensor& a, const at::Tensor& b) const {
+        Key key;
+        return product_key(a, b, c10::nullopt, &key) && fits(key, std::string()) ? py::cast(launch_(a, b))
+                                                                                : py::none();
+    }
+
+    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) const {
+        return launch_(a, b, bias);
+    }
 
   private:
     Key key_;
     Launch launch_;
+    std::string activation_;
     uint64_t generation_;
 };
 
-// The core's plain products on tensors (`dispatcher.gemm(a, b)` on CUDA
-// tensors), few kinds each, searched in order.
+// The core's products on tensors (`dispatcher.gemm(a, b)` and `matmul` on
+// CUDA tensors), few kinds each, searched in order.
 class Products {
   public:
     static constexpr size_t kKept = 64;  // kinds of call before the list starts again
 
-    py::object call(const at::Tensor& a, const at::Tensor& b) const {
+    // act(a @ b + bias), or None where no product fits (bias: None or a
+    // tensor; activation: None or a name).
+    py::object call(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
+                    py::handle activation) const {
         Key key;
-        if (!product_key(a, b, &key)) return py::none();
+        std::string name;
+        if (!product_key(a, b, bias, &key) || !activation_of(activation, &name)) return py::none();
         for (const auto& p : products_)
-            if (p->fits(key)) {
+            if (p->fits(key, name)) {
                 const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
                 ++hits_;
-                return py::cast((*held)(a, b));
+                return py::cast((*held)(a, b, bias.has_value() ? &*bias : nullptr));
             }
         return py::none();
     }
@@ -375,8 +408,9 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         .def("clear", &Plans::clear)
         .def("__len__", &Plans::size);
     py::class_<Product, std::shared_ptr<Product>>(m, "Product")
-        .def(py::init<const at::Tensor&, const at::Tensor&, const py::tuple&>(), py::arg("a"), py::arg("b"),
-             py::arg("launch"))
+        .def(py::init<const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const std::string&,
+                      const py::tuple&>(),
+             py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("activation"), py::arg("launch"))
         .def_property_readonly("current", &Product::current)
         .def("__call__", [](const Product& self, py::handle a, py::handle b) {
             return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
@@ -384,7 +418,17 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
     py::class_<Products>(m, "Products")
         .def(py::init<>())
         .def("__call__", [](const Products& self, py::handle a, py::handle b) {
-            return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
+            return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt,
+                                             py::none())
+                                 : py::none();
+        })
+        .def("epilogue", [](const Products& self, py::handle a, py::handle b, py::handle bias, py::handle activation) {
+            if (!tensors(a, b)) return py::object(py::none());
+            if (bias.is_none())
+                return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt, activation);
+            if (!THPVariable_CheckExact(bias.ptr())) return py::object(py::none());
+            return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), THPVariable_Unpack(bias.ptr()),
+                             activation);
         })
         .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); },
              py::arg("product").none(false))
