@@ -7,18 +7,19 @@ Then a cProfile of the per-call path: `dispatcher.gemm`,
 `dispatcher.torch.gemm`, a `dispatcher.torch.Linear` forward and its
 forward+backward, `dispatcher.matmul` with a bias and GELU at 256^3 and
 1024^3, 2000 calls each after a warm-up (see call_overhead.py for the
-timings themselves)."""
+timings themselves). Last, which of the Linear's GEMMs run in C++ after
+its forward+backward calls (one without a native launch goes through the
+operator, in Python) and why not where one does not."""
 
 import cProfile
 import pstats
-import statistics
-import time
 
 import torch
 
 import dispatcher
 import dispatcher.torch as dt
-from dispatcher.torch import native
+from call_overhead import per_call
+from dispatcher.torch import eager, native
 
 native.extension(wait=True)  # the C++ launches: built (or found) before the timing
 
@@ -29,19 +30,6 @@ out = torch.empty_like(a)
 for _ in range(3):
     held(a, b)  # binds the kernel and makes its native launch
 
-
-def per_call(fn, calls=2000, rounds=7):
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
-
-
 print("==== steps, us per call")
 steps = {"torch.empty": lambda: torch.empty(256, 256, device="cuda", dtype=torch.bfloat16),
          "torch.matmul": lambda: torch.matmul(a, b)}
@@ -50,7 +38,7 @@ if held.native:
 steps.update({"held plan": lambda: held(a, b), "dispatcher.gemm": lambda: dispatcher.gemm(a, b)})
 for name, fn in steps.items():
     fn()
-    print(f"{name}: {per_call(fn):.2f}")
+    print(f"{name}: {per_call(fn, 2000, 7, torch.cuda.synchronize):.2f}")
 
 linear = dt.Linear(256, 256, device="cuda", dtype=torch.bfloat16)
 x = a.clone().requires_grad_(True)
@@ -72,3 +60,19 @@ for name, fn in (("dispatcher.gemm", lambda: dispatcher.gemm(a, b)),
     print(f"==== {name}")
     pstats.Stats(profile).sort_stats("tottime").print_stats(16)
     pstats.Stats(profile).sort_stats("cumtime").print_stats(12)
+
+# Which of the Linear's calls run in C++ after those forward+backward steps:
+# a backward GEMM without a native launch goes through the operator (Python).
+print("==== dispatcher.torch.Linear native plans")
+plans = linear.__dict__.get("_native")
+print("planned (1 forward, 2 dX, 4 dW):", plans and plans.plans.planned(x, linear.weight, linear.bias))
+dy = torch.empty((256, 256), device="cuda", dtype=torch.bfloat16)
+for name, key in (("forward", eager.linear_key(x, linear.weight.t(), linear.bias, linear.variant, linear.autotune)),
+                  ("dX", eager.gemm_key(dy, linear.weight, linear.variant, 1.0, None, linear.autotune)),
+                  ("dW", eager.gemm_key(dy.t(), x, linear.variant, 1.0, None, linear.autotune))):
+    held_plan = eager.held_plan(key)
+    runner = held_plan and held_plan.order and held_plan.plan.runner(held_plan.order, held_plan.scalars)
+    launch = runner and held_plan.plan.native_launch(held_plan.order, held_plan.scalars)
+    print(f"{name}: held plan {held_plan}, order {held_plan and held_plan.order}, runner {runner is not None}, "
+          f"native launch {launch is not None and launch is not False}")
+print("held plans of the eager calls:", *eager._HELD, sep="\n  ")
