@@ -115,7 +115,7 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     runner can run such calls on the caller's own arrays, the next call
     of that key goes straight to it; (key, order, activation) for a plain
     call (`_native`) or matmul's call with a bias and an activation
-    (`_native_epilogue`), which a native module may learn too."""
+    (`_native_matmul`), which a native module may learn too."""
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -388,11 +388,11 @@ def _native(a, b):
 _NATIVE_MISSES: dict = {}
 
 
-def _native_epilogue(a, b, bias, activation):
-    """The result of matmul's call with a bias and an activation (else
-    every default) that a native module ran (`native_module.EPILOGUES`:
-    CUDA tensors in C++), else None."""
-    for product in native_module.EPILOGUES:
+def _native_matmul(a, b, bias, activation):
+    """The result of matmul's call with every default but a bias and an
+    activation (None each for a batched plain call) that a native module
+    ran (`native_module.MATMULS`: CUDA tensors in C++), else None."""
+    for product in native_module.MATMULS:
         result = product(a, b, bias, activation)
         if result is not None:
             return result
@@ -401,7 +401,7 @@ def _native_epilogue(a, b, bias, activation):
 
 def _learn_native(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation, new_plan=False):
     """After the Python way ran a plain call of `key` on `arrays` (a, b),
-    or matmul's call with a bias (a, b, bias) and `activation`: the module
+    or matmul's call (batched, or with a bias: a, b, bias, and `activation`): the module
     of their kind learns its plan's launch, so that it runs the next ones.
     new_plan: the call made the plan; else it came from `_RUNNERS`, because
     the module was still loading (asked again on every call: a cheap no),
@@ -577,10 +577,9 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
                 and target == "auto" and config is None and options is None and dispatcher is None)
     key = order = None  # every argument but bias, activation and out at its default: a key of its own
     if defaults and out is None:
-        if bias is None and activation is None:  # the plain call: gemm(a, b)'s
-            result = _native(a, b)
-        else:
-            result = _native_epilogue(a, b, bias, activation)
+        result = _native(a, b) if bias is None and activation is None else None  # the plain call: gemm(a, b)'s
+        if result is None:  # batched, or with a bias or an activation
+            result = _native_matmul(a, b, bias, activation)
         if result is not None:
             return result
     if defaults and (activation is None or type(activation) is str):

@@ -2,7 +2,7 @@
 Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
 / `matmul(a, b)` and held plans on numpy arrays) and `dispatcher.torch.native`
 (the same on CUDA tensors, its `Product`s, and Linear's calls). What the
-core's plain calls ask of them is here too: `PRODUCTS`, `EPILOGUES`, `KINDS`,
+core's plain calls ask of them is here too: `PRODUCTS`, `MATMULS`, `KINDS`,
 `kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
@@ -43,10 +43,11 @@ SWITCH = "DISPATCHER_NO_NATIVE_CALLS"
 # `matmul(a, b)` with every default): callables (a, b) -> a @ b, or None for
 # arrays they have no launch for, tried in order before the Python way.
 PRODUCTS: list = []
-# The same for `matmul(a, b, bias=..., activation=...)` (else every
-# default): callables (a, b, bias or None, activation name or None) ->
-# act(a @ b + bias), or None.
-EPILOGUES: list = []
+# The same for `matmul`'s calls with every default but a bias and an
+# activation, batched (3-D) ones too: callables (a, b, bias or None,
+# activation name or None) -> act(a @ b + bias), or None; tried where
+# `PRODUCTS` (matrices, no bias or activation) have nothing.
+MATMULS: list = []
 
 
 @attrs.frozen
@@ -61,7 +62,7 @@ class Launches:
     # the module is not loaded; False where there will be none
     make: object
     # (launch) -> None: the module's table of calls (its `PRODUCTS` and
-    # `EPILOGUES` entries) runs the calls of the launch's key with it
+    # `MATMULS` entries) runs the calls of the launch's key with it
     learn: object
 
 

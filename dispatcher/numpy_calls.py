@@ -55,10 +55,10 @@ def launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     """The C launch of a plan's plain calls on numpy arrays like `arrays`
     (a, b), of `key` (`api.operands_key(a, b)`), in `order` with `scalars`
     (`native_module.Launches.make`); False for calls with a bias or an
-    activation, which stay on the Python way."""
+    activation and batched ones, which stay on the Python way."""
     if len(arrays) != 2 or activation is not None:
         return False
-    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Launch(
+    return _MODULE.launch(plan, order, scalars, lambda module, found: False if found.batch else module.Launch(
         key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check))
 
 

@@ -207,10 +207,11 @@ class NativeLaunch:
     last_error: int       # its library's `dispatcher_last_error`'s address
     block: bytes          # the argument block with the plan's scalars, its pointers null
     extra: list           # the extra operands' (row, col, batch) strides, in call order
-    rows: int             # the result's shape and numpy dtype
-    cols: int
+    rows: int             # the result's shape (batch: its leading dim where it is 3-D, else 0) and
+    cols: int             # numpy dtype
     dtype: object
     check: object         # the library's status check: raises the exception of a nonzero status
+    batch: int = 0
 
 
 class Plan(_Launches):
@@ -323,13 +324,14 @@ class Plan(_Launches):
         runs, the way that runner does (dispatcher/numpy_calls.c,
         dispatcher/torch/native_linear.cpp). None where the runner would
         be, or where a call needs more than a block and an entry point: a
-        workspace, the output given."""
+        workspace, the output given, a result of more than 3 dims."""
         if self.runner(order, scalars) is None:
             return None
         entry, template, library, workspace = self._direct
         out = self.names.get("out")
         slots = self._slots  # the block's A, B, C (None: the result) and extra operands, by name
-        if workspace != 0 or out in order or len(self.layout.result_shape) != 2 or slots[2] is not None \
+        shape = self.layout.result_shape
+        if workspace != 0 or out in order or len(shape) not in (2, 3) or slots[2] is not None \
                 or slots[:2] + slots[3:] != tuple(order):
             return None
         block = bound_gemm_args(template, (0,) * len(slots), scalars, ())
@@ -337,7 +339,8 @@ class Plan(_Launches):
                  for i in range(len(slots) - 3)]
         block.extra = None
         return NativeLaunch(ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block),
-                            extra, *self.layout.result_shape, self.layout.result_dtype, library.check)
+                            extra, *shape[-2:], self.layout.result_dtype, library.check,
+                            shape[0] if len(shape) == 3 else 0)
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

@@ -222,8 +222,9 @@ def test_linear_native_calls_on_cuda_forward_backward_and_captured():
 
 @pytest.mark.native
 def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
-    """dispatcher.gemm(a, b), matmul with a fused bias and GELU and a held
-    plan on CUDA tensors: from their third call on, the C++ product of
+    """dispatcher.gemm(a, b), matmul with a fused bias and GELU, a batched
+    matmul (a broadcast a) and a held plan on CUDA tensors: from their
+    third call on, the C++ product of
     dispatcher.torch's module runs them (`native.Product`), right against
     float64, on the current stream; a
     call on another stream or under capture goes its own way and replays right."""
@@ -232,6 +233,7 @@ def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
     assert native.extension(wait=True) is not None, native.failure()
     a, b = matrix(256, 320, 1), matrix(320, 192, 2)
     bias = matrix(1, 192, 3)[0]
+    batch_b = torch.stack([matrix(320, 192, 4 + i) for i in range(3)])
     held = dispatcher.plan(a=a, b=b)
     hits = None
     for step in range(4):
@@ -244,8 +246,9 @@ def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
         assert rel(held(a, b), expected) <= BF16, step
         fused = dispatcher.matmul(a, b, bias=bias, activation="gelu")
         assert rel(fused, torch.nn.functional.gelu(expected + bias.double())) <= 2 * BF16, step
-    # steps 2 and 3: gemm, matmul and the fused epilogue call in C++
-    assert native._PRODUCTS[0].hits() - hits == 6 and held.native
+        assert rel(dispatcher.matmul(a.expand(3, -1, -1), batch_b), a.double() @ batch_b.double()) <= BF16, step
+    # steps 2 and 3: gemm, matmul, the fused epilogue call and the batched one in C++
+    assert native._PRODUCTS[0].hits() - hits == 8 and held.native
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -363,7 +363,7 @@ def test_a_plans_product_runs_on_tensors_of_its_key_without_autograd():
 
 
 def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
-    """`Products.epilogue`: matmul's calls with a fused bias and activation
+    """`Products.matmul`: matmul's calls with a fused bias and activation
     (CUDA tensors on a GPU; a CPU plan and tensors here) run the product of
     their key and activation, right against float64; a plain call, another
     activation or a bias of another shape never runs it."""
@@ -389,13 +389,39 @@ def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
     for seed in range(2):
         x = quantized((24, 40), "fp32", 10 + seed)
         for (activation, with_bias) in products:
-            y = table.epilogue(x, b, bias if with_bias else None, activation)
+            y = table.matmul(x, b, bias if with_bias else None, activation)
             expected = acts[activation](f64(x) @ f64(b) + (f64(bias) if with_bias else 0.0))
             assert max_rel(f64(y), expected) <= 1e-6, (activation, with_bias)
     assert table.hits() == 2 * len(products)
     assert table(a, b) is None  # a plain call: no product of its key and no activation here
-    assert table.epilogue(a, b, bias, "silu") is None and table.epilogue(a, b, None, None) is None
-    assert table.epilogue(a, b, bias[None, :], "gelu") is None  # a 2-D bias: another key
-    assert table.epilogue(a, b, quantized((40,), "fp32", 4)[::2], "gelu") is None  # another stride
-    assert table.epilogue(a, b, bias, 3) is None  # not a name
+    assert table.matmul(a, b, bias, "silu") is None and table.matmul(a, b, None, None) is None
+    assert table.matmul(a, b, bias[None, :], "gelu") is None  # a 2-D bias: another key
+    assert table.matmul(a, b, quantized((40,), "fp32", 4)[::2], "gelu") is None  # another stride
+    assert table.matmul(a, b, bias, 3) is None  # not a name
     assert native.product(None, (a, b, bias[:, None][:20]), held.plan, held.order, held.scalars, "gelu") is False
+
+
+def test_batched_products_run_for_matmul_not_for_gemm():
+    """`Products.matmul` runs batched (3-D) products, a broadcast 2-D b too,
+    right against float64; gemm's plain calls (`Products.__call__`) take
+    matrices only, so a batched product never answers them."""
+    import dispatcher
+    table = native.extension().Products()
+    cases = [((3, 24, 40), (3, 40, 20)), ((3, 24, 40), (40, 20))]
+    for shape_a, shape_b in cases:
+        a, b = quantized(shape_a, "fp32", 1), quantized(shape_b, "fp32", 2)
+        held = dispatcher.plan("batched", a=a.numpy(), b=b.numpy())
+        held(a.numpy(), b.numpy())  # binds the kernel
+        product = native.product(None, (a, b), held.plan, held.order, held.scalars, None)
+        assert product
+        table.add(product)
+        for seed in range(2):
+            x = quantized(shape_a, "fp32", 10 + seed)
+            y = table.matmul(x, b, None, None)
+            assert tuple(y.shape) == shape_a[:-1] + shape_b[-1:]
+            assert max_rel(f64(y), np.matmul(f64(x), f64(b))) <= 1e-6, (shape_a, shape_b)
+            assert max_rel(f64(product(x, b)), np.matmul(f64(x), f64(b))) <= 1e-6  # a held plan's call
+        assert table(a, b) is None  # gemm(a, b) refuses batches: never a product's answer
+    assert table.hits() == 4
+    a, b = quantized((4, 24, 40), "fp32", 3), quantized((4, 40, 20), "fp32", 4)
+    assert table.matmul(a, b, None, None) is None  # another batch size: another key

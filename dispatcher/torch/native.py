@@ -18,7 +18,7 @@ The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`),
 (`dispatcher.plan`) use the module too: `product` makes a plan's C++
 `Product` (its launch for tensors of one key and one activation, no
 autograd), and the core's table of them (`Products`) serves those calls
-first (`native_module.PRODUCTS`, `EPILOGUES`); the core finds this module
+first (`native_module.PRODUCTS`, `MATMULS`); the core finds this module
 through the `dispatcher.native_calls` entry point named `torch`.
 
 The module is one of the dispatcher's native modules
@@ -66,11 +66,11 @@ def source():
 
 
 def _loaded(module):
-    """Once loaded: the core's plain calls and matmul's epilogue calls on
-    tensors try the module's products."""
+    """Once loaded: the core's plain calls and matmul's calls (batched, a
+    bias, an activation) on tensors try the module's products."""
     _PRODUCTS.append(module.Products())
     native_module.PRODUCTS.append(_PRODUCTS[0])
-    native_module.EPILOGUES.append(_PRODUCTS[0].epilogue)
+    native_module.MATMULS.append(_PRODUCTS[0].matmul)
 
 
 _PRODUCTS: list = []  # the module's Products of the core's calls, once loaded
@@ -202,4 +202,4 @@ def _launch(key):
 def _spec(found) -> tuple:
     """A `plans.NativeLaunch` as the module takes it (native_linear.cpp `launch_of`)."""
     return (found.entry, found.last_error, found.block, found.extra, found.rows, found.cols,
-            torch_types()[1][found.dtype])
+            torch_types()[1][found.dtype], found.batch)

@@ -43,12 +43,14 @@ struct Launch {
     const char* (*last_error)() = nullptr;
     dispatcher_gemm_args block{};
     std::array<dispatcher_operand, kMaxExtra> extra{};  // the extra operands' strides; data per call
-    int64_t rows = 0, cols = 0;
+    int64_t batch = 0, rows = 0, cols = 0;  // batch 0: a 2-D result
     at::ScalarType out = at::kFloat;
 
-    // A new (rows x cols) result of `a`'s device: c = a @ b (+ the bias, extra operand 0).
+    // A new (rows x cols, or batch x rows x cols) result of `a`'s device:
+    // c = a @ b (+ the bias, extra operand 0).
     at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias = nullptr) const {
-        at::Tensor c = at::empty({rows, cols}, a.options().dtype(out));
+        at::Tensor c = batch ? at::empty({batch, rows, cols}, a.options().dtype(out))
+                             : at::empty({rows, cols}, a.options().dtype(out));
         dispatcher_gemm_args args = block;
         std::array<dispatcher_operand, kMaxExtra> operands = extra;
         args.a = a.data_ptr();
@@ -75,7 +77,7 @@ struct Launch {
 
 // A Python launch description: (entry address, last-error address, argument
 // block bytes, extra operands' (row, col, batch) strides, rows, cols, output
-// dtype). The addresses stay valid: a kernel library, once loaded, is never
+// dtype, batch: the leading dim of a 3-D result, 0 for a 2-D one). The addresses stay valid: a kernel library, once loaded, is never
 // unloaded.
 Launch launch_of(const py::tuple& spec) {
     Launch l;
@@ -99,11 +101,13 @@ Launch launch_of(const py::tuple& spec) {
     l.rows = spec[4].cast<int64_t>();
     l.cols = spec[5].cast<int64_t>();
     l.out = py::reinterpret_borrow<py::object>(spec[6]).cast<at::ScalarType>();
+    l.batch = spec[7].cast<int64_t>();
     return l;
 }
 
-// What a Linear call's plans depend on.
-using Key = std::array<int64_t, 21>;
+// What a call's plans depend on (a Linear's; a product's, whose operands may
+// be batched: 3-D).
+using Key = std::array<int64_t, 27>;
 
 int64_t stream_of(const at::Tensor& t) {
     if (!t.is_cuda()) return 0;
@@ -113,18 +117,24 @@ int64_t stream_of(const at::Tensor& t) {
 // A CUDA plan holds for one alignment class (`dispatcher.plans._alignment`).
 int64_t aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// `w_transposed`: the key of w.t() in w's place, read off w (a plain product's b,
-// whose transposed view would cost an allocation per call).
+// x and w are 2-D, or 3-D (a batch of matrices: its size and stride are in
+// the key too). `w_transposed`: the key of w's last two dims swapped, in w's
+// place, read off w (a plain product's b, whose transposed view would cost
+// an allocation per call).
 Key key_of(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
            bool w_transposed = false) {
     const bool b = bias.has_value() && bias->defined();
-    const int r = w_transposed ? 1 : 0, c = 1 - r;
-    return {x.size(0), x.size(1), x.stride(0), x.stride(1), w.size(r), w.size(c), w.stride(r), w.stride(c),
+    const int64_t xd = x.dim(), wd = w.dim();
+    const int64_t xr = xd - 2, xc = xd - 1;  // x's matrix dims
+    const int64_t wr = w_transposed ? wd - 1 : wd - 2, wc = w_transposed ? wd - 2 : wd - 1;
+    return {x.size(xr), x.size(xc), x.stride(xr), x.stride(xc), w.size(wr), w.size(wc), w.stride(wr), w.stride(wc),
             b ? bias->size(0) : -1, b ? bias->stride(0) : -1, int64_t(x.scalar_type()),
             int64_t(w.scalar_type()), b ? int64_t(bias->scalar_type()) : -1, int64_t(x.device().type()),
             x.device().index(), stream_of(x), b ? int64_t(bias->device().type()) : -1,
             int64_t(w.device().type()), aligned(x) | aligned(w) << 1 | (b && aligned(*bias)) << 2,
-            w.device().index(), b ? bias->device().index() : -1};
+            w.device().index(), b ? bias->device().index() : -1,
+            xd, xd == 3 ? x.size(0) : -1, xd == 3 ? x.stride(0) : -1,
+            wd, wd == 3 ? w.size(0) : -1, wd == 3 ? w.stride(0) : -1};
 }
 
 // Whether native launches can take `t` as it is: a view whose values are
@@ -276,9 +286,13 @@ std::atomic<uint64_t> generation{0};
 
 // The key of a product a @ b (+ a bias: one value per column of the result,
 // 1-D; as `key_of` of linear(a, b^T, bias)), or false where no launch can
-// take the tensors as they are.
-bool product_key(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias, Key* key) {
-    if (a.dim() != 2 || b.dim() != 2 || !plain_memory(a) || !plain_memory(b)) return false;
+// take the tensors as they are. `batched`: a and b may be 3-D (matmul's
+// batches; gemm's products are of matrices only).
+bool product_key(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias, Key* key,
+                 bool batched = false) {
+    const int64_t top = batched ? 3 : 2;
+    if (a.dim() < 2 || a.dim() > top || b.dim() < 2 || b.dim() > top || !plain_memory(a) || !plain_memory(b))
+        return false;
     if (bias.has_value() && (bias->dim() != 1 || !plain_memory(*bias))) return false;
     if (a.is_cuda() && c10::impl::getDeviceGuardImpl(a.device().type())->getDevice() != a.device())
         return false;  // a CUDA kernel launches on the current device: the one its plan was made on
@@ -314,7 +328,8 @@ class Product {
     Product(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
             const std::string& activation, const py::tuple& launch)
         : launch_(launch_of(launch)), activation_(activation), generation_(generation.load()) {
-        if (!product_key(a, b, bias, &key_)) throw std::invalid_argument("a product's example tensors are not plain");
+        if (!product_key(a, b, bias, &key_, /*batched=*/true))
+            throw std::invalid_argument("a product's example tensors are not plain");
         if (launch_.block.extra_count != (bias.has_value() ? 1 : 0))
             throw std::invalid_argument("a product's launch takes one extra operand, its bias, or none");
     }
@@ -325,11 +340,12 @@ class Product {
         return key == key_ && activation == activation_ && current();
     }
 
-    // a @ b (a plain product's launch), or None for tensors of another key (or once stale).
+    // a @ b (a plain product's launch: a held plan's), or None for tensors of another key (or once stale).
     py::object call(const at::Tensor& a, const at::Tensor& b) const {
         Key key;
-        return product_key(a, b, c10::nullopt, &key) && fits(key, std::string()) ? py::cast(launch_(a, b))
-                                                                                : py::none();
+        return product_key(a, b, c10::nullopt, &key, /*batched=*/true) && fits(key, std::string())
+                   ? py::cast(launch_(a, b))
+                   : py::none();
     }
 
     at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) const {
@@ -350,12 +366,12 @@ class Products {
     static constexpr size_t kKept = 64;  // kinds of call before the list starts again
 
     // act(a @ b + bias), or None where no product fits (bias: None or a
-    // tensor; activation: None or a name).
+    // tensor; activation: None or a name; batched: a and b may be 3-D).
     py::object call(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
-                    py::handle activation) const {
+                    py::handle activation, bool batched) const {
         Key key;
         std::string name;
-        if (!product_key(a, b, bias, &key) || !activation_of(activation, &name)) return py::none();
+        if (!product_key(a, b, bias, &key, batched) || !activation_of(activation, &name)) return py::none();
         for (const auto& p : products_)
             if (p->fits(key, name)) {
                 const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
@@ -417,18 +433,19 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         });
     py::class_<Products>(m, "Products")
         .def(py::init<>())
-        .def("__call__", [](const Products& self, py::handle a, py::handle b) {
+        .def("__call__", [](const Products& self, py::handle a, py::handle b) {  // gemm's and matmul's plain calls
             return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt,
-                                             py::none())
+                                             py::none(), /*batched=*/false)
                                  : py::none();
         })
-        .def("epilogue", [](const Products& self, py::handle a, py::handle b, py::handle bias, py::handle activation) {
+        .def("matmul", [](const Products& self, py::handle a, py::handle b, py::handle bias, py::handle activation) {
             if (!tensors(a, b)) return py::object(py::none());
             if (bias.is_none())
-                return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt, activation);
+                return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt, activation,
+                                 /*batched=*/true);
             if (!THPVariable_CheckExact(bias.ptr())) return py::object(py::none());
             return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), THPVariable_Unpack(bias.ptr()),
-                             activation);
+                             activation, /*batched=*/true);
         })
         .def("add", [](Products& self, std::shared_ptr<Product> p) { self.add(std::move(p)); },
              py::arg("product").none(false))
