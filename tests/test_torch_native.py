@@ -289,12 +289,41 @@ def test_calls_that_want_gradients_but_never_run_a_backward_go_native():
     ever plans its launch; after a few calls the forward runs natively."""
     lin = layer("fp32")
     x = quantized((10, 48), "fp32", 90)
-    for _ in range(8):
+    for _ in range(6):  # calls 1-4 go the Python way, 5 and 6 native (8 goes back once: doubling)
         y = lin(x)
         assert max_rel(f64(y), reference(lin, f64(x))) <= 1e-6
     assert type(y.grad_fn).__name__ == "CppFunction"
     y.backward(quantized((10, 40), "fp32", 91))  # its backward: through the operator
     assert max_rel(f64(lin.weight.grad), f64(quantized((10, 40), "fp32", 91)).T @ f64(x)) <= 1e-5
+
+
+def test_backward_launches_missed_at_first_are_planned_later():
+    """A layer evaluated with a weight that wants a gradient (no backward
+    runs: its forward soon runs natively, its backward launches stay
+    unplanned), then trained: the C++ backward computes the gradients
+    through the operator, whose plans a call sent back at a doubling
+    interval plans natively; from then on forward and backward run in C++
+    (the H100's profile of such a layer found dW through the operator on
+    every step), and every gradient is right."""
+    lin = layer("fp32")
+    x = quantized((13, 48), "fp32", 92)  # rows no other test's calls have: no held plans of its backward yet
+
+    def planned():
+        return lin.__dict__["_native"].plans.planned(x, lin.weight, lin.bias)
+    for _ in range(6):
+        lin(x)
+    assert planned() == 1  # the forward only
+    w = f64(lin.weight)
+    for step in range(6):
+        xg = x.clone().requires_grad_()
+        y = lin(xg)
+        dy = quantized((13, 40), "fp32", 100 + step)
+        y.backward(dy)
+        assert max_rel(f64(xg.grad), f64(dy) @ w) <= 1e-5, step
+        assert max_rel(f64(lin.weight.grad), f64(dy).T @ f64(x)) <= 1e-5, step
+        lin.zero_grad()
+    assert planned() == 7  # forward, dX and dW
+    assert type(y.grad_fn).__name__ == "CppFunction"
 
 
 def test_negative_views_are_resolved_not_read_as_their_memory():

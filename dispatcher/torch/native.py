@@ -92,7 +92,7 @@ class LinearPlans:
         self.variant, self.autotune, self.settings = variant, autotune, settings
         self.manager = get_manager()
         self.generation = self.manager.generation
-        self.fruitless = 0  # `learn` calls in a row that planned nothing new
+        self.fruitless = 0  # `learn` calls in a row that found nothing planned and planned nothing
 
     def __reduce__(self):
         """A copied or pickled Linear (copy.deepcopy, torch.save) gets none:
@@ -117,17 +117,21 @@ class LinearPlans:
         the backward GEMM of each input that wants a gradient, for a
         row-major gradient (so only where x and the weight are row-major:
         each gradient is laid out as its input, as on the Python way).
-        Nothing where a launch cannot run natively. A call whose plans stay
-        incomplete (a gradient wanted, no backward run) retries at
-        doubling intervals, not on every call (and after a few such calls
-        the C++ side runs it anyway, its backward through the operator).
+        Nothing where a launch cannot run natively. Calls that nothing can
+        be planned for retry at doubling intervals, not on every call; a
+        call whose plans stay incomplete (a gradient wanted, its backward
+        launch not planned) comes here as often as the C++ side sends it
+        back: its first few, then at doubling intervals (meanwhile the C++
+        side runs it, its backward through the operator, whose plans are
+        what a later call here plans natively).
         The caller ran the call as a plain eager one (`forward`)."""
         if x.dim() != 2:
             return
-        self.fruitless += 1
-        if self.fruitless & (self.fruitless - 1):
-            return
         have = self.plans.planned(x, weight, bias)
+        if not have:
+            self.fruitless += 1
+            if self.fruitless & (self.fruitless - 1):
+                return
         transposed = weight.t()
         forward = _launch(eager.linear_key(x, transposed, bias, self.variant, self.autotune) if bias is not None
                           else eager.gemm_key(x, transposed, self.variant, 1.0, None, self.autotune))

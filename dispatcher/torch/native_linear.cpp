@@ -149,7 +149,7 @@ struct Planned : torch::CustomClassHolder {
     std::shared_ptr<const Launch> dx, dw;     // dX = dY @ W, dW = dY^T @ X (null: not planned)
     std::string variant;                      // the Linear's variant and autotune, for
     std::optional<bool> autotune;             // `gemm_op`
-    int misses = 0;                           // calls sent back for their backward launches (`Plans::forward`)
+    int64_t misses = 0;                       // calls wanting a backward launch not planned (`Plans::forward`)
 };
 
 // a @ b through the operator `gemm_dispatcher::gemm` (its Python kernel, the
@@ -222,10 +222,12 @@ class Plans {
             return py::cast(p->forward(x, transposed, bias.has_value() ? &*bias : nullptr));
         }
         // A backward launch not planned yet: the first calls go the Python way, so the first
-        // backward plans it; after kMisses, the backward computes it through the operator.
-        if (((x.requires_grad() && !p->dx) || (w.requires_grad() && !p->dw)) && p->misses < kMisses) {
-            ++p->misses;
-            return py::none();
+        // backward plans it; after kMisses, the backward computes it through the operator,
+        // and calls at doubling intervals still go the Python way, to plan the launches
+        // that such backwards (the operator's plans) have made possible since.
+        if ((x.requires_grad() && !p->dx) || (w.requires_grad() && !p->dw)) {
+            const int64_t misses = ++p->misses;
+            if (misses <= kMisses || (misses & (misses - 1)) == 0) return py::none();
         }
         return py::cast(LinearFunction::apply(x, w, bias, p));
     }
