@@ -77,8 +77,8 @@ struct Launch {
 
 // A Python launch description: (entry address, last-error address, argument
 // block bytes, extra operands' (row, col, batch) strides, rows, cols, output
-// dtype, batch: the leading dim of a 3-D result, 0 for a 2-D one). The addresses stay valid: a kernel library, once loaded, is never
-// unloaded.
+// dtype, batch: the leading dim of a 3-D result, 0 for a 2-D one). The
+// addresses stay valid: a kernel library, once loaded, is never unloaded.
 Launch launch_of(const py::tuple& spec) {
     Launch l;
     l.entry = reinterpret_cast<dispatcher_gemm_fn>(spec[0].cast<uintptr_t>());
