@@ -114,8 +114,8 @@ def _call(record, arrays: dict, params: dict, choices: dict, *, out_dtype, targe
     (the key holds everything the plan depends on): where the plan's
     runner can run such calls on the caller's own arrays, the next call
     of that key goes straight to it; (key, order, activation) for a plain
-    call (`_native`) or matmul's call with a bias and an activation
-    (`_native_matmul`), which a native module may learn too."""
+    call (`_native`) or another matmul call with no out (batched, a bias,
+    an activation: `_native_matmul`), which a native module may learn too."""
     d = dispatcher or default_dispatcher()
     if options is not None:
         resolve_launch_options(record, options)  # a bad option is refused before anything else
@@ -416,10 +416,10 @@ def _learn_native(key, arrays: tuple, plan, order: tuple, scalars: tuple, activa
         if seen & (seen - 1):
             return
     kind, launch = _native_launch(key, arrays, plan, order, scalars, activation)
+    if launch is not None and len(_NATIVE_MISSES) >= RUNNERS_KEPT:  # many kinds: start again
+        _NATIVE_MISSES.clear()
     if launch:
         kind.learn(launch)
-        if len(_NATIVE_MISSES) >= RUNNERS_KEPT:
-            _NATIVE_MISSES.clear()
         _NATIVE_MISSES[key] = max(seen, 1)
     elif launch is False:
         _NATIVE_MISSES[key] = -1

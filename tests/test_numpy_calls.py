@@ -306,3 +306,19 @@ def test_launch_refuses_what_is_not_a_launch(built):
         built.Launch(((a.shape, a.strides, "f4"), key[1]), 1, b"", 4, 4, np.dtype(np.float32), print)
     with pytest.raises(TypeError, match="takes a Launch"):
         built.learn(key)
+
+
+def test_kinds_without_a_native_launch_are_remembered_within_bounds(built, monkeypatch):
+    """matmul calls with a bias stay on the Python way (numpy's module runs
+    plain calls only); what remembers that they have no native launch is
+    bounded like the memo of calls, however many kinds come."""
+    from dispatcher import api
+    monkeypatch.setattr(api, "RUNNERS_KEPT", 8)
+    monkeypatch.setattr(api, "_NATIVE_MISSES", {})
+    before = counts(built)
+    for n in range(1, 21):
+        a, b = quantized((4, 6), "fp32", n), quantized((6, n), "fp32", n + 1)
+        bias = quantized((n,), "fp32", n + 2)
+        assert max_rel(dispatcher.matmul(a, b, bias=bias), reference(a, b) + bias) <= 1e-6
+        assert len(api._NATIVE_MISSES) <= 8
+    assert (counts(built) - before).tolist() == [0, 0]  # never asked

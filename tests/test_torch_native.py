@@ -402,6 +402,8 @@ def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
     a, b = quantized((24, 40), "fp32", 1), quantized((40, 20), "fp32", 2)
     bias = quantized((20,), "fp32", 3)
     table = native.extension().Products()
+    held_plain = dispatcher.plan(a=a.numpy(), b=b.numpy())
+    held_plain(a.numpy(), b.numpy())  # binds the kernel
     products = {}
     for activation in ("gelu", "relu"):
         for with_bias in (True, False):
@@ -427,6 +429,9 @@ def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
     assert table.matmul(a, b, bias[None, :], "gelu") is None  # a 2-D bias: another key
     assert table.matmul(a, b, quantized((40,), "fp32", 4)[::2], "gelu") is None  # another stride
     assert table.matmul(a, b, bias, 3) is None  # not a name
+    table.add(native.product(None, (a, b), held_plain.plan, held_plain.order, held_plain.scalars, None))
+    assert table.matmul(a, b, None, None) is not None
+    assert table.matmul(a, b, None, "") is None  # an empty name is no activation's (the Python way refuses it)
     assert native.product(None, (a, b, bias[:, None][:20]), held.plan, held.order, held.scalars, "gelu") is False
 
 

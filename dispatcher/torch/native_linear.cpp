@@ -9,7 +9,9 @@
 // device and stream of x, the weight and the bias) to the launches Python
 // bound: the forward GEMM with its fused bias and, where gradients are
 // wanted, the two backward GEMMs. `forward` returns None for a call it has
-// no plan for; the Python path then runs it (and makes the plans).
+// no plan for, and for calls whose backward launch is not planned yet (the
+// first few, then at doubling intervals); the Python path then runs it
+// (and makes the plans).
 //
 // A launch is what `dispatcher.plans.Plan.runner` binds: the kernel's entry
 // point, the plan's argument block with its scalars (copied per call, so a
@@ -302,7 +304,9 @@ bool product_key(const at::Tensor& a, const at::Tensor& b, const c10::optional<a
     return true;
 }
 
-// A call's activation (None or its name) as a product holds it: "" for none.
+// A call's activation (None or its name) as a product holds it: "" for
+// none; false for what no product has (an empty name too, which the Python
+// way refuses).
 bool activation_of(py::handle activation, std::string* name) {
     if (activation.is_none()) {
         name->clear();
@@ -311,7 +315,7 @@ bool activation_of(py::handle activation, std::string* name) {
     if (!PyUnicode_Check(activation.ptr())) return false;
     Py_ssize_t size = 0;
     const char* text = PyUnicode_AsUTF8AndSize(activation.ptr(), &size);
-    if (!text) {
+    if (!text || size == 0) {
         PyErr_Clear();
         return false;
     }
