@@ -221,6 +221,31 @@ def test_linear_native_calls_on_cuda_forward_backward_and_captured():
 
 
 @pytest.mark.native
+def test_linear_backward_launches_missed_at_first_are_planned_on_cuda():
+    """As on the CPU (test_torch_native.py): forward-only calls with a
+    weight that wants a gradient, then training steps; the backward's
+    GEMMs end up planned in C++ (the H100 profile of call_overhead.py's
+    Linear had dW through the Python operator on every step), and the
+    gradients stay right against float64."""
+    from dispatcher.torch import native
+    assert native.extension(wait=True) is not None, native.failure()
+    torch.manual_seed(0)
+    ours = dt.Linear.from_linear(torch.nn.Linear(320, 192).cuda().bfloat16())
+    x = matrix(136, 320, 50)
+    for _ in range(6):
+        ours(x)
+    w = ours.weight.double()
+    for step in range(6):
+        xg = x.clone().requires_grad_()
+        dy = matrix(136, 192, 60 + step)
+        ours(xg).backward(dy)
+        assert rel(xg.grad, dy.double() @ w) <= 2 * BF16, step
+        assert rel(ours.weight.grad, dy.double().t() @ x.double()) <= 2 * BF16, step
+        ours.zero_grad()
+    assert ours.__dict__["_native"].plans.planned(x, ours.weight, ours.bias) == 7
+
+
+@pytest.mark.native
 def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
     """dispatcher.gemm(a, b), matmul with a fused bias and GELU, a batched
     matmul (a broadcast a) and a held plan on CUDA tensors: from their
