@@ -74,5 +74,5 @@ for name, key in (("forward", eager.linear_key(x, linear.weight.t(), linear.bias
     runner = held_plan and held_plan.order and held_plan.plan.runner(held_plan.order, held_plan.scalars)
     launch = runner and held_plan.plan.native_launch(held_plan.order, held_plan.scalars)
     print(f"{name}: held plan {held_plan}, order {held_plan and held_plan.order}, runner {runner is not None}, "
-          f"native launch {launch is not None and launch is not False}")
+          f"native launch {bool(launch)}")
 print("held plans of the eager calls:", *eager._HELD, sep="\n  ")

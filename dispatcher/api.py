@@ -408,9 +408,7 @@ def _learn_native(key, arrays: tuple, plan, order: tuple, scalars: tuple, activa
     or because the launch it learned was pushed out of a full table since
     (learned again at doubling intervals, so kinds that keep pushing each
     other out do not each cost a new launch per call)."""
-    seen = 0 if new_plan else _NATIVE_MISSES.get(key, 0)
-    if seen < 0:
-        return
+    seen = 0 if new_plan else _NATIVE_MISSES.get(key, 0)  # callers skip kinds known to have none (-1)
     if seen > 0:
         seen = _NATIVE_MISSES[key] = seen + 1
         if seen & (seen - 1):
@@ -591,7 +589,7 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
             key = None
     runner = _runner(key)
-    native = key is not None and out is None  # a plain call, or one with a bias and an activation
+    native = key is not None and out is None  # plain, batched, or with a bias or an activation
     if runner is not None:
         if native and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
             _learn_native(key, (a, b, *extra), *_RUNNERS[key][:3], activation)

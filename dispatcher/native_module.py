@@ -12,7 +12,8 @@ or built right away where it compiles in a second (`build_now`); else a
 child process builds it, which a background thread waits for, and until
 it is loaded, calls go the Python way, which runs the same kernels.
 The child runs in a session of its own, so a process that exits while it
-compiles leaves it to finish and publish the module for the next one. Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
+compiles leaves it to finish and publish the module for the next one.
+Set `DISPATCHER_NO_NATIVE_CALLS=1` to keep every call in Python.
 """
 
 from __future__ import annotations
@@ -136,13 +137,13 @@ class ExtensionToolchain(CompilerMixin):
 
 class NativeModule:
     """One module, imported once per process: from the build cache, or
-    built in the background (module docstring). `builder` names a function, "package.module:name",
-    that returns the module's (GeneratedSource, toolchain): the child
+    built in the background (module docstring). `builder` names a
+    function, "package.module:name", that returns the module's (GeneratedSource, toolchain): the child
     process calls it and builds. The module must export `ARGS_BYTES`, the
     size of the argument block it was compiled with. A process forked while
     the build runs starts over in the child (the thread is not forked).
-    `on_load(module)` runs once the module is imported, before anyone can see it
-    (an exception there counts as a failure to load). `build_now`: a module
+    `on_load(module)` runs once the module is imported, before anyone can
+    see it (an exception there counts as a failure to load). `build_now`: a module
     that compiles in about a second is built in the asking thread, as a
     call's kernel is, where the cache lacks it, so that even the first
     process runs its calls natively from the start."""

@@ -14,7 +14,7 @@ autocast, a plan with a workspace) goes the Python way, which is the same
 kernels and rules.
 
 The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`),
-`matmul`'s calls with a fused bias and activation and held plans
+`matmul`'s batched calls and those with a fused bias and activation, and held plans
 (`dispatcher.plan`) use the module too: `product` makes a plan's C++
 `Product` (its launch for tensors of one key and one activation, no
 autograd), and the core's table of them (`Products`) serves those calls
