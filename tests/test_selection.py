@@ -35,7 +35,8 @@ needs_model = pytest.mark.skipif(not cuda_model.available(), reason="nvidia-matm
 
 @needs_model
 def test_explain_ranks_the_cuda_catalog_without_a_gpu():
-    found = explain("--target", "cuda", "--dtype", "bf16", "--m", "256", "--n", "1024", "--k", "32768",
+    # 64 rows: no shipped winner is near enough to decide it, so the model's ranking chooses
+    found = explain("--target", "cuda", "--dtype", "bf16", "--m", "64", "--n", "1024", "--k", "32768",
                     "--variant", "stream_k")
     ranked = found["ranked"]
     assert len(ranked) >= 4 and found["chosen"] == ranked[0]["kernel"]
@@ -43,7 +44,7 @@ def test_explain_ranks_the_cuda_catalog_without_a_gpu():
     assert [r["estimate"] for r in ranked] == sorted(r["estimate"] for r in ranked)
     # few output tiles, very long K: the model wants the K dimension split
     assert "split_k" in ranked[0]["kernel"]
-    assert explain("--target", "cuda", "--dtype", "bf16", "--m", "256", "--n", "1024", "--k", "32768",
+    assert explain("--target", "cuda", "--dtype", "bf16", "--m", "64", "--n", "1024", "--k", "32768",
                    "--variant", "stream_k") == found  # deterministic
 
 
