@@ -10,9 +10,12 @@ replayed), so it says which of the two limits the call.
 
 Parts (`--only`):
   cpu_call     fp32 16^3 on numpy arrays: numpy (OpenBLAS), dispatcher.gemm,
-               dispatcher.matmul, a held dispatcher.plan (plain calls in C
-               once built, dispatcher/numpy_calls.py; run it with
-               DISPATCHER_NO_NATIVE_CALLS=1 for the Python way)
+               dispatcher.matmul, a held dispatcher.plan, dispatcher.gemm into
+               an out (plain calls and calls into an out in C once built,
+               dispatcher/numpy_calls.py; run it with
+               DISPATCHER_NO_NATIVE_CALLS=1 for the Python way), and one
+               call of the general way (an out and an explicit target: its
+               plan's runner in Python)
   cpu_torch    (torch) fp32 CPU tensors, 16 x 64 @ 64 x 64: torch.matmul
                against dispatcher.torch.gemm, nn.Linear against
                dispatcher.torch.Linear, forward (no grad) and forward+backward:
@@ -23,7 +26,8 @@ Parts (`--only`):
                short spin set before numpy; OpenBLAS's own spin); ratio
                alternating / alone per library
   gpu_call     (a CUDA GPU and torch): bf16 256^3 torch.matmul against
-               dispatcher.gemm, a held plan and dispatcher.torch.gemm;
+               dispatcher.gemm, a held plan, dispatcher.gemm into an out
+               (with and without an explicit target) and dispatcher.torch.gemm;
                dispatcher.torch.Linear against nn.Linear, forward and
                forward+backward; batched dispatcher.matmul against torch.bmm;
                GEMM + bias + GELU (fused) against torch.addmm + gelu; an
@@ -116,6 +120,7 @@ def cpu_call(args) -> dict:
     offsets = np.array([4, 8, 12, 16], np.int32)
     fns = {"numpy": lambda: a @ b, "dispatcher.gemm": lambda: dispatcher.gemm(a, b),
            "dispatcher.matmul": lambda: dispatcher.matmul(a, b), "held plan": lambda: held(a, b),
+           "dispatcher.gemm into out": lambda: dispatcher.gemm(a, b, out=out),
            "dispatcher.gemm out target": lambda: dispatcher.gemm(a, b, out=out, target="cpu"),
            "dispatcher.grouped_mm (4 experts)": lambda: dispatcher.grouped_mm(a, experts, offsets)}
     us = {name: per_call(fn, args.calls, args.repeat) for name, fn in fns.items()}
@@ -268,6 +273,7 @@ def gpu_call(args) -> dict:
     held = dispatcher.plan("regular", a=a, b=b)
     into = torch.empty_like(a)
     compare("gemm 256^3 bf16", {"dispatcher.gemm": lambda: dispatcher.gemm(a, b), "held plan": lambda: held(a, b),
+                                 "dispatcher.gemm into out": lambda: dispatcher.gemm(a, b, out=into),
                                  "dispatcher.gemm out target": lambda: dispatcher.gemm(a, b, out=into, target="cuda"),
                                  "dispatcher.torch.gemm": lambda: dt.gemm(a, b)}, lambda: torch.matmul(a, b))
     x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)

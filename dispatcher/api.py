@@ -204,8 +204,8 @@ class HeldPlan:
     planned kind of call on new arrays, positional in the variant's
     declared operand order (a, b first) or by name, with new scalars.
     Positional calls (a, b) with the plan's specs run natively once the
-    module of their kind is loaded (numpy arrays: `numpy_calls`; CUDA
-    tensors: dispatcher.torch's)."""
+    module of their kind is loaded (numpy arrays: `numpy_calls`, also
+    (a, b, out); CUDA tensors: dispatcher.torch's)."""
 
     def __init__(self, made, record, target: str, params: dict, dispatcher=None):
         self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher
@@ -249,8 +249,9 @@ class HeldPlan:
 
     def __call__(self, *operands, **arguments):
         native = self.native
-        if native and not arguments:
-            result = native(*operands)  # None: not arrays of the plan's key, or stale
+        if native:  # None: not arrays of the plan's key, or stale
+            result = native(*operands) if not arguments else \
+                native(*(self._planned_arrays(operands, arguments) or ()))
             if result is not None:
                 return result
         if self.key is not None:
@@ -258,7 +259,8 @@ class HeldPlan:
             if arrays is not None and operands_key(*arrays) == self.key:
                 runner = self.runner()
                 if runner is not None:
-                    if (native is None or (native and not native.current)) and not arguments and len(arrays) == 2:
+                    if (native is None or (native and not native.current)) \
+                            and self.order[2:] in ((), (self.plan.names.get("out"),)):
                         self.native = _native_launch(self.key, tuple(arrays), self.plan, self.order, self.scalars,
                                                      None, self.dispatcher)[1]
                     return runner(*arrays)
@@ -312,13 +314,15 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     top ranked kernels and keep the fastest (`Dispatcher.autotune`); None:
     `$DISPATCHER_AUTOTUNE`.
     """
-    plain = (c is None and out is None and type(alpha) is float and alpha == 1.0 and type(beta) is float
-             and beta == 0.0 and out_dtype is None and variant == "regular" and target == "auto" and config is None
-             and strict is False and autotune is None and options is None and dispatcher is None)
-    if plain:  # the commonest call: its key is its operands' (shared with matmul(a, b))
-        result = _native(a, b)
+    defaults = (c is None and type(alpha) is float and alpha == 1.0 and type(beta) is float and beta == 0.0
+                and out_dtype is None and variant == "regular" and target == "auto" and config is None
+                and strict is False and autotune is None and options is None and dispatcher is None)
+    plain = defaults and out is None
+    if defaults:  # the commonest calls, which native code may run
+        result = _native(a, b) if out is None else _native_into(a, b, out)
         if result is not None:
             return result
+    if plain:  # its key is its operands' (shared with matmul(a, b))
         key = operands_key(a, b)
     elif c is None and config is None and options is None and type(alpha) is float and type(beta) is float \
             and beta == 0.0:  # a call whose other arguments only decide its plan: they are in its key
@@ -334,8 +338,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     except TypeError:  # an unhashable argument: the general path says what is wrong with it
         runner = key = None
     if runner is not None:
-        if plain and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
-            _learn_native(key, (a, b), *_RUNNERS[key][:3], None)
+        if defaults and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
+            _learn_native(key, (a, b) if out is None else (a, b, out), *_RUNNERS[key][:3], None)
         return runner(a, b) if out is None else runner(a, b, out)
     record = _variant(dispatcher, variant, "gemm")
     roles = kinds.role_names(record)
@@ -346,7 +350,7 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
         arrays[roles["out"]] = out
     return _call(record, arrays, {"alpha": alpha, "beta": beta}, {}, out_dtype=out_dtype, target=target,
                  config=config, options=options, strict=strict, autotune=autotune, dispatcher=dispatcher,
-                 remember=None if key is None else (key, tuple(arrays)) + ((None,) if plain else ()))
+                 remember=None if key is None else (key, tuple(arrays)) + ((None,) if defaults else ()))
 
 
 # Calls whose plan a key read straight off the call decides: `gemm` and
@@ -378,6 +382,16 @@ def _native(a, b):
     in C++), else None."""
     for product in native_module.PRODUCTS:
         result = product(a, b)
+        if result is not None:
+            return result
+    return None
+
+
+def _native_into(a, b, out):
+    """`out` after a native module wrote a @ b into it (`native_module.INTO`:
+    numpy arrays in C), else None."""
+    for product in native_module.INTO:
+        result = product(a, b, out)
         if result is not None:
             return result
     return None
@@ -580,6 +594,10 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
             result = _native_matmul(a, b, bias, activation)
         if result is not None:
             return result
+    elif defaults and bias is None and activation is None:
+        result = _native_into(a, b, out)
+        if result is not None:
+            return result
     if defaults and (activation is None or type(activation) is str):
         extra = (() if bias is None else (bias,)) + (() if out is None else (out,))  # the arrays after a, b
         order = ("a", "b") + (() if bias is None else ("bias",)) + (() if out is None else ("out",))
@@ -589,7 +607,7 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
         if key is not None and (a.ndim < 2 or b.ndim < 2):  # a vector: the general path squeezes it
             key = None
     runner = _runner(key)
-    native = key is not None and out is None  # plain, batched, or with a bias or an activation
+    native = key is not None and (out is None or (bias is None and activation is None))  # not both out and bias
     if runner is not None:
         if native and _NATIVE_MISSES.get(key, 0) >= 0:  # the native module missed it
             _learn_native(key, (a, b, *extra), *_RUNNERS[key][:3], activation)

@@ -2,7 +2,7 @@
 Python steps cost more than their kernels: `numpy_calls` (plain `gemm(a, b)`
 / `matmul(a, b)` and held plans on numpy arrays) and `dispatcher.torch.native`
 (the same on CUDA tensors, its `Product`s, and Linear's calls). What the
-core's plain calls ask of them is here too: `PRODUCTS`, `MATMULS`, `KINDS`,
+core's plain calls ask of them is here too: `PRODUCTS`, `MATMULS`, `INTO`, `KINDS`,
 `kind_of`.
 
 Each is compiled from source into the build cache (`BuildCache`: keyed by
@@ -49,6 +49,9 @@ PRODUCTS: list = []
 # activation name or None) -> act(a @ b + bias), or None; tried where
 # `PRODUCTS` (matrices, no bias or activation) have nothing.
 MATMULS: list = []
+# The same for `gemm(a, b, out=out)` and `matmul(a, b, out=out)` with every
+# other argument at its default: callables (a, b, out) -> out, or None.
+INTO: list = []
 
 
 @attrs.frozen

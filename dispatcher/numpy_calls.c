@@ -14,6 +14,11 @@
  * A held plan (`dispatcher.plan`) calls its own `Launch`. The table of
  * `call` is set-associative, 4 ways: a kind of call pushed out of it goes
  * the Python way again until it is learned again.
+ * A call with an output given (`gemm(a, b, out=out)`, `matmul(a, b, out=out)`
+ * or a held plan's `plan(a, b, out)`) has its own launches, keyed by all three
+ * arrays: `call(a, b, out)` writes into `out` where it is writable, aligned
+ * and apart from both operands' memory; anything else goes the Python way,
+ * which says what is wrong with it.
  * Dtypes are matched by identity (the table holds a reference to each, so
  * an address is never reused while it is in the table): an equal dtype of
  * another object misses, which is slower but never wrong.
@@ -30,16 +35,23 @@
 #define SETS 256 /* a power of two */
 #define WAYS 4
 
-/* A plan's launch: the calls it runs (both operands' shapes, strides and
- * dtype objects), the kernel's entry point, the plan's argument block with
- * its scalars and null pointers, the result's shape and dtype, and the
- * library's status check (it raises for a nonzero status). Callable:
- * launch(a, b) runs a call of its kind, and returns None for any other or
- * once `clear` has made it stale. */
+/* What a launch runs: the operands' (a, b and the output given, if any)
+ * shapes, strides and dtype objects. */
+typedef struct {
+    int count; /* 2, or 3 with the output */
+    PyArray_Descr* dtype[3];
+    npy_intp shape[3][2], strides[3][2];
+} Key;
+
+/* A plan's launch: the calls it runs (its key), the kernel's entry point,
+ * the plan's argument block with its scalars and null pointers, the
+ * result's shape and dtype, and the library's status check (it raises for
+ * a nonzero status). Callable: launch(a, b) or launch(a, b, out) runs a
+ * call of its kind, and returns None for any other or once `clear` has
+ * made it stale. */
 typedef struct {
     PyObject_HEAD
-    PyArray_Descr* dtype[2];
-    npy_intp shape[2][2], strides[2][2];
+    Key key;
     dispatcher_gemm_fn entry;
     dispatcher_gemm_args block;
     npy_intp dims[2];
@@ -51,48 +63,87 @@ typedef struct {
 static Launch* table[SETS][WAYS]; /* owned references; NULL: an empty way */
 static unsigned long long hits, misses, generation;
 
-typedef struct {
-    PyArray_Descr* dtype[2];
-    npy_intp shape[2][2], strides[2][2];
-} Key;
-
-/* The key of (a, b), where both are 2-D numpy arrays (not subclasses). */
-static int key_of(PyObject* a, PyObject* b, Key* k) {
-    if (!PyArray_CheckExact(a) || !PyArray_CheckExact(b)) return 0;
-    PyArrayObject* x[2] = {(PyArrayObject*)a, (PyArrayObject*)b};
-    for (int i = 0; i < 2; ++i) {
-        if (PyArray_NDIM(x[i]) != 2) return 0;
-        k->dtype[i] = PyArray_DESCR(x[i]);
-        memcpy(k->shape[i], PyArray_DIMS(x[i]), sizeof k->shape[i]);
-        memcpy(k->strides[i], PyArray_STRIDES(x[i]), sizeof k->strides[i]);
+/* The key of args[0..count), where they are 2 or 3 two-dimensional numpy arrays (not subclasses). */
+static int key_of(PyObject* const* args, Py_ssize_t count, Key* k) {
+    if (count != 2 && count != 3) return 0;
+    k->count = (int)count;
+    for (int i = 0; i < count; ++i) {
+        if (!PyArray_CheckExact(args[i])) return 0;
+        PyArrayObject* x = (PyArrayObject*)args[i];
+        if (PyArray_NDIM(x) != 2) return 0;
+        k->dtype[i] = PyArray_DESCR(x);
+        memcpy(k->shape[i], PyArray_DIMS(x), sizeof k->shape[i]);
+        memcpy(k->strides[i], PyArray_STRIDES(x), sizeof k->strides[i]);
     }
     return 1;
 }
 
-static int same(const Launch* l, const Key* k) {
-    return l->dtype[0] == k->dtype[0] && l->dtype[1] == k->dtype[1] && !memcmp(l->shape, k->shape, sizeof l->shape) &&
-           !memcmp(l->strides, k->strides, sizeof l->strides);
+static int same(const Key* l, const Key* k) {
+    if (l->count != k->count) return 0;
+    for (int i = 0; i < k->count; ++i)
+        if (l->dtype[i] != k->dtype[i] || memcmp(l->shape[i], k->shape[i], sizeof k->shape[i]) ||
+            memcmp(l->strides[i], k->strides[i], sizeof k->strides[i]))
+            return 0;
+    return 1;
 }
 
 static size_t set_of(const Key* k) {
     size_t h = 1469598103934665603ull;
-    const size_t words[10] = {(size_t)k->dtype[0],     (size_t)k->dtype[1],     (size_t)k->shape[0][0],
-                              (size_t)k->shape[0][1],  (size_t)k->shape[1][0],  (size_t)k->shape[1][1],
-                              (size_t)k->strides[0][0], (size_t)k->strides[0][1], (size_t)k->strides[1][0],
-                              (size_t)k->strides[1][1]};
-    for (int i = 0; i < 10; ++i) h = (h ^ words[i]) * 1099511628211ull;
+    for (int i = 0; i < k->count; ++i) {
+        const size_t words[5] = {(size_t)k->dtype[i], (size_t)k->shape[i][0], (size_t)k->shape[i][1],
+                                 (size_t)k->strides[i][0], (size_t)k->strides[i][1]};
+        for (int j = 0; j < 5; ++j) h = (h ^ words[j]) * 1099511628211ull;
+    }
     return (size_t)(h ^ (h >> 29)) & (SETS - 1);
 }
 
-/* Run `l` on (a, b), whose key is its own: the new result, or NULL with the check's exception. */
-static PyObject* run(Launch* l, PyObject* a, PyObject* b) {
-    Py_INCREF(l); /* held until the kernel returns: another thread may drop it from the table meanwhile */
-    Py_INCREF(l->out); /* PyArray_Empty takes a reference */
-    PyObject* result = PyArray_Empty(2, l->dims, l->out, 0);
-    if (!result) {
-        Py_DECREF(l);
-        return NULL;
+/* The bytes an array's elements span, [*low, *high); an empty array spans none. */
+static void extent(PyArrayObject* x, char** low, char** high) {
+    char* data = PyArray_BYTES(x);
+    *low = *high = data;
+    npy_intp lo = 0, hi = PyArray_ITEMSIZE(x);
+    for (int i = 0; i < PyArray_NDIM(x); ++i) {
+        npy_intp d = PyArray_DIM(x, i), step = PyArray_STRIDE(x, i);
+        if (d == 0) return;
+        if (step < 0) lo += (d - 1) * step;
+        else hi += (d - 1) * step;
     }
+    *low = data + lo;
+    *high = data + hi;
+}
+
+/* Whether the kernel may write `out` here: writable, aligned, and its bytes
+ * apart from both operands' (bounds only: where they interleave without
+ * sharing an element, the Python way decides). */
+static int writable_apart(PyArrayObject* out, PyObject* a, PyObject* b) {
+    if (!PyArray_ISWRITEABLE(out) || !PyArray_ISALIGNED(out)) return 0;
+    char *lo, *hi;
+    extent(out, &lo, &hi);
+    if (lo == hi) return 1;
+    PyObject* inputs[2] = {a, b};
+    for (int i = 0; i < 2; ++i) {
+        char *xlo, *xhi;
+        extent((PyArrayObject*)inputs[i], &xlo, &xhi);
+        if (xlo < hi && lo < xhi) return 0;
+    }
+    return 1;
+}
+
+/* Run `l` on args (a, b, and the output given where its key has one), whose
+ * key is its own: the result, None for an output the Python way must check,
+ * or NULL with the check's exception. */
+static PyObject* run(Launch* l, PyObject* const* args) {
+    PyObject *a = args[0], *b = args[1], *result;
+    if (l->key.count == 3) {
+        if (!writable_apart((PyArrayObject*)args[2], a, b)) Py_RETURN_NONE;
+        result = args[2];
+        Py_INCREF(result);
+    } else {
+        Py_INCREF(l->out); /* PyArray_Empty takes a reference */
+        result = PyArray_Empty(2, l->dims, l->out, 0);
+        if (!result) return NULL;
+    }
+    Py_INCREF(l); /* held until the kernel returns: another thread may drop it from the table meanwhile */
     dispatcher_gemm_args block = l->block;
     block.a = PyArray_DATA((PyArrayObject*)a);
     block.b = PyArray_DATA((PyArrayObject*)b);
@@ -129,8 +180,9 @@ static int read_spec(PyObject* spec, PyArray_Descr** dtype, npy_intp shape[2], n
 }
 
 /* Launch(key, entry, block, rows, cols, out_dtype, check): key is
- * ((shape, strides, dtype) of a, of b), as dispatcher.api.operands_key
- * gives; entry an address; block the argument block's bytes. */
+ * ((shape, strides, dtype) of a, of b[, of the output given]), as
+ * dispatcher.api.operands_key gives; entry an address; block the argument
+ * block's bytes. */
 static PyObject* Launch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     PyObject *key, *entry, *out, *check;
     Py_buffer block;
@@ -142,29 +194,33 @@ static PyObject* Launch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
     if (!PyArg_ParseTuple(args, "O!Oy*nnOO", &PyTuple_Type, &key, &entry, &block, &dims[0], &dims[1], &out, &check))
         return NULL;
     Key k;
+    k.count = (int)PyTuple_GET_SIZE(key);
     void* address = NULL;
-    if (PyTuple_GET_SIZE(key) != 2)
-        PyErr_SetString(PyExc_ValueError, "a key of two (shape, strides, dtype) operands");
-    else if (read_spec(PyTuple_GET_ITEM(key, 0), &k.dtype[0], k.shape[0], k.strides[0]) &&
-             read_spec(PyTuple_GET_ITEM(key, 1), &k.dtype[1], k.shape[1], k.strides[1])) {
-        address = PyLong_AsVoidPtr(entry);
-        if (!address && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no entry point address");
-        else if (address && block.len != (Py_ssize_t)sizeof(dispatcher_gemm_args))
-            PyErr_Format(PyExc_ValueError, "an argument block of %zd bytes, not %zu", block.len,
-                         sizeof(dispatcher_gemm_args));
-        else if (address && !PyArray_DescrCheck(out))
-            PyErr_SetString(PyExc_TypeError, "out_dtype must be a numpy dtype");
-        else if (address && !PyCallable_Check(check))
-            PyErr_SetString(PyExc_TypeError, "check must be callable");
+    if (k.count != 2 && k.count != 3)
+        PyErr_SetString(PyExc_ValueError, "a key of two or three (shape, strides, dtype) operands");
+    else {
+        int read = 1;
+        for (int i = 0; i < k.count && read; ++i)
+            read = read_spec(PyTuple_GET_ITEM(key, i), &k.dtype[i], k.shape[i], k.strides[i]);
+        if (read) {
+            address = PyLong_AsVoidPtr(entry);
+            if (!address && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no entry point address");
+            else if (address && block.len != (Py_ssize_t)sizeof(dispatcher_gemm_args))
+                PyErr_Format(PyExc_ValueError, "an argument block of %zd bytes, not %zu", block.len,
+                             sizeof(dispatcher_gemm_args));
+            else if (address && !PyArray_DescrCheck(out))
+                PyErr_SetString(PyExc_TypeError, "out_dtype must be a numpy dtype");
+            else if (address && !PyCallable_Check(check))
+                PyErr_SetString(PyExc_TypeError, "check must be callable");
+            else if (address && k.count == 3 && (k.shape[2][0] != dims[0] || k.shape[2][1] != dims[1] ||
+                                                 (PyObject*)k.dtype[2] != out))
+                PyErr_SetString(PyExc_ValueError, "the output's key must have the result's shape and dtype");
+        }
     }
     Launch* l = PyErr_Occurred() ? NULL : (Launch*)type->tp_alloc(type, 0);
     if (l) {
-        for (int i = 0; i < 2; ++i) {
-            Py_INCREF(k.dtype[i]);
-            l->dtype[i] = k.dtype[i];
-        }
-        memcpy(l->shape, k.shape, sizeof k.shape);
-        memcpy(l->strides, k.strides, sizeof k.strides);
+        for (int i = 0; i < k.count; ++i) Py_INCREF(k.dtype[i]);
+        l->key = k;
         l->entry = (dispatcher_gemm_fn)address;
         memcpy(&l->block, block.buf, sizeof l->block);
         l->dims[0] = dims[0];
@@ -180,8 +236,7 @@ static PyObject* Launch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
 }
 
 static void Launch_dealloc(Launch* l) {
-    Py_XDECREF(l->dtype[0]);
-    Py_XDECREF(l->dtype[1]);
+    for (int i = 0; i < l->key.count; ++i) Py_XDECREF(l->key.dtype[i]);
     Py_XDECREF(l->out);
     Py_XDECREF(l->check);
     Py_TYPE(l)->tp_free((PyObject*)l);
@@ -190,10 +245,10 @@ static void Launch_dealloc(Launch* l) {
 static PyObject* Launch_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     Launch* l = (Launch*)self;
     Key k;
-    if (kwargs || PyTuple_GET_SIZE(args) != 2 || l->generation != generation ||
-        !key_of(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1), &k) || !same(l, &k))
+    PyObject* const* items = &PyTuple_GET_ITEM(args, 0);
+    if (kwargs || l->generation != generation || !key_of(items, PyTuple_GET_SIZE(args), &k) || !same(&l->key, &k))
         Py_RETURN_NONE;
-    return run(l, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
+    return run(l, items);
 }
 
 static PyObject* Launch_current(PyObject* self, void* unused) {
@@ -209,23 +264,23 @@ static PyTypeObject LaunchType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dispatcher_numpy_calls.Launch",
     .tp_basicsize = sizeof(Launch),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Launch(key, entry, block, rows, cols, out_dtype, check): a plan's launch; launch(a, b) runs a "
-              "call of its kind, else returns None",
+    .tp_doc = "Launch(key, entry, block, rows, cols, out_dtype, check): a plan's launch; launch(a, b) or "
+              "launch(a, b, out) runs a call of its kind, else returns None",
     .tp_new = Launch_new,
     .tp_dealloc = (destructor)Launch_dealloc,
     .tp_call = Launch_call,
     .tp_getset = Launch_getset,
 };
 
-/* call(a, b): the result of a kind of call the table holds, or None. */
+/* call(a, b) or call(a, b, out): the result of a kind of call the table holds, or None. */
 static PyObject* call(PyObject* self, PyObject* const* args, Py_ssize_t count) {
     Key k;
-    if (count != 2 || !key_of(args[0], args[1], &k)) Py_RETURN_NONE;
+    if (!key_of(args, count, &k)) Py_RETURN_NONE;
     Launch** set = table[set_of(&k)];
     for (int w = 0; w < WAYS && set[w]; ++w)
-        if (same(set[w], &k)) {
+        if (same(&set[w]->key, &k)) {
             ++hits;
-            return run(set[w], args[0], args[1]);
+            return run(set[w], args);
         }
     ++misses;
     Py_RETURN_NONE;
@@ -241,13 +296,9 @@ static PyObject* learn(PyObject* self, PyObject* launch) {
     }
     Launch* l = (Launch*)launch;
     if (l->generation != generation) Py_RETURN_NONE;
-    Key k;
-    memcpy(k.dtype, l->dtype, sizeof k.dtype);
-    memcpy(k.shape, l->shape, sizeof k.shape);
-    memcpy(k.strides, l->strides, sizeof k.strides);
-    Launch** set = table[set_of(&k)];
+    Launch** set = table[set_of(&l->key)];
     int w = 0;
-    while (w < WAYS - 1 && set[w] && !same(set[w], &k)) ++w;
+    while (w < WAYS - 1 && set[w] && !same(&set[w]->key, &l->key)) ++w;
     Launch* gone = set[w];
     memmove(&set[1], &set[0], w * sizeof(Launch*)); /* the new one first, the others after it in their order */
     Py_INCREF(l);
@@ -271,7 +322,8 @@ static PyObject* counts(PyObject* self, PyObject* unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL, "call(a, b): the result of a learned call, or None"},
+    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
+     "call(a, b) or call(a, b, out): the result of a learned call, or None"},
     {"learn", learn, METH_O, "learn(launch): call runs the calls of its kind with it"},
     {"clear", clear, METH_NOARGS, "forget every learned launch, and make every Launch stale"},
     {"counts", counts, METH_NOARGS, "(calls run here, calls that went back to Python)"},

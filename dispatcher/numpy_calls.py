@@ -6,7 +6,9 @@ argument block: a few microseconds, more than a small product's kernel.
 Once the Python way has bound a plain call's plan (`api._learn_native`),
 its launch (`Plan.native_launch`) becomes a C `Launch`, which the module's
 `call(a, b)` runs for later calls with the same shapes, strides and dtypes
-(and a held plan calls directly);
+(and a held plan calls directly); calls with an output given, too
+(`call(a, b, out)`: a row-major or any other layout the plan writes in
+place);
 what it has no launch for goes the Python way, which is the same kernels
 and rules. A plugin registration makes it forget every launch.
 
@@ -42,6 +44,7 @@ def source():
 def _loaded(module):
     """Once loaded: the core's plain calls try the module first."""
     native_module.PRODUCTS.insert(0, module.call)
+    native_module.INTO.insert(0, module.call)
 
 
 _MODULE = NativeModule(NAME, f"{__name__}:source", on_load=_loaded, build_now=True)
@@ -53,13 +56,20 @@ failure = _MODULE.failure  # why there is no module, once that is known
 
 def launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     """The C launch of a plan's plain calls on numpy arrays like `arrays`
-    (a, b), of `key` (`api.operands_key(a, b)`), in `order` with `scalars`
-    (`native_module.Launches.make`); False for calls with a bias or an
-    activation and batched ones, which stay on the Python way."""
-    if len(arrays) != 2 or activation is not None:
+    (a, b, and the output where one is given), in `order` with `scalars`
+    (`native_module.Launches.make`; the C key is the arrays' own, whatever
+    the caller's `key`); False for calls with a bias or an activation and
+    batched ones, which stay on the Python way."""
+    if activation is not None or len(arrays) not in (2, 3):
         return False
-    return _MODULE.launch(plan, order, scalars, lambda module, found: False if found.batch else module.Launch(
-        key, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype), found.check))
+    specs = tuple((x.shape, x.strides, x.dtype) for x in arrays)
+
+    def make(module, found):
+        if found.batch or found.extra or len(arrays) != 2 + found.out:
+            return False
+        return module.Launch(specs, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype),
+                             found.check)
+    return _MODULE.launch(plan, order, scalars, make)
 
 
 def learn(launch):

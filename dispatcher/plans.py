@@ -212,6 +212,7 @@ class NativeLaunch:
     dtype: object
     check: object         # the library's status check: raises the exception of a nonzero status
     batch: int = 0
+    out: bool = False     # the output is given, last in the call (else a new row-major result)
 
 
 class Plan(_Launches):
@@ -324,15 +325,17 @@ class Plan(_Launches):
         runs, the way that runner does (dispatcher/numpy_calls.c,
         dispatcher/torch/native_linear.cpp). None where the runner would
         be, or where a call needs more than a block and an entry point: a
-        workspace, the output given, a result of more than 3 dims."""
+        workspace, a result of more than 3 dims, an output given anywhere
+        but last."""
         if self.runner(order, scalars) is None:
             return None
         entry, template, library, workspace = self._direct
         out = self.names.get("out")
-        slots = self._slots  # the block's A, B, C (None: the result) and extra operands, by name
+        given = bool(order) and order[-1] == out  # the output given: C points at it
+        slots = self._slots  # the block's A, B, C (None: the result or the output given) and extra operands
         shape = self.layout.result_shape
-        if workspace != 0 or out in order or len(shape) not in (2, 3) or slots[2] is not None \
-                or slots[:2] + slots[3:] != tuple(order):
+        if workspace != 0 or len(shape) not in (2, 3) or slots[2] is not None \
+                or slots[:2] + slots[3:] + ((out,) if given else ()) != tuple(order):
             return None
         block = bound_gemm_args(template, (0,) * len(slots), scalars, ())
         extra = [(block.extra[i].row_stride, block.extra[i].col_stride, block.extra[i].batch_stride)
@@ -340,7 +343,7 @@ class Plan(_Launches):
         block.extra = None
         return NativeLaunch(ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block),
                             extra, *shape[-2:], self.layout.result_dtype, library.check,
-                            shape[0] if len(shape) == 3 else 0)
+                            shape[0] if len(shape) == 3 else 0, given)
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

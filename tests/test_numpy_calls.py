@@ -91,11 +91,57 @@ def test_calls_that_are_not_plain_stay_on_the_python_way(built):
     out = np.full((16, 16), np.nan, np.float32)
     before = counts(built)
     assert max_rel(dispatcher.gemm(a, b, alpha=2.0), reference(a, b, alpha=2.0)) <= 1e-6
-    dispatcher.gemm(a, b, out=out)
+    dispatcher.gemm(a, b, out=out, target="cpu")
     assert max_rel(out, reference(a, b)) <= 1e-6
     assert max_rel(dispatcher.matmul(a, b, activation="relu"), np.maximum(reference(a, b), 0)) <= 1e-6
     assert max_rel(dispatcher.matmul(a[None], b[None])[0], reference(a, b)) <= 1e-6
     assert (counts(built) - before).tolist() == [0, 0]  # never asked
+
+
+@pytest.mark.parametrize("entry", ["gemm", "matmul", "held plan"])
+def test_calls_into_an_output_run_in_c_and_are_right(built, entry):
+    """gemm(a, b, out=out), matmul's and a held plan's: once planned, later
+    calls with an output of the same shape, strides and dtype write into
+    it from C (a NaN-poisoned output each time); the output returned."""
+    m, n, k = 19, 23, 37
+    a, b = quantized((m, k), "fp32", 1), quantized((k, n), "fp32", 2)
+    out = np.full((m, n), np.nan, np.float32)
+    held = dispatcher.plan("regular", a=a, b=b, out=out)
+    call = {"gemm": lambda: dispatcher.gemm(a, b, out=out), "matmul": lambda: dispatcher.matmul(a, b, out=out),
+            "held plan": lambda: held(a, b, out=out)}[entry]
+    call()  # the Python way: plans, binds and hands the launch over
+    before = counts(built) if entry != "held plan" else None
+    for seed in range(3):
+        a[...] = quantized((m, k), "fp32", 10 + seed)
+        out[...] = np.nan
+        assert call() is out
+        assert max_rel(out, reference(a, b)) <= TOL["fp32"]
+    if before is not None:
+        assert (counts(built) - before).tolist() == [3, 0]
+    else:
+        assert held.native  # a held plan calls its own launch
+
+
+def test_an_output_the_kernel_must_not_write_goes_the_python_way_and_is_refused(built):
+    """An output of a learned kind that overlaps an operand or is read-only:
+    C hands it back, and the Python way raises what it always did; one of
+    another layout runs its own plan, right."""
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    out = np.full((16, 16), np.nan, np.float32)
+    dispatcher.gemm(a, b, out=out)
+    dispatcher.gemm(a, b, out=out)
+    with pytest.raises(dispatcher.errors.AliasingError):
+        dispatcher.gemm(a, b, out=a)  # same shape, strides and dtype as out: the learned kind
+    frozen = np.full((16, 16), np.nan, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(dispatcher.errors.ProblemError, match="read-only"):
+        dispatcher.gemm(a, b, out=frozen)
+    for other in (np.full((16, 16), np.nan, np.float32, order="F"),           # column-major
+                  np.full((16, 32), np.nan, np.float32)[:, :16]):             # padded rows
+        for _ in range(2):
+            other[...] = np.nan
+            assert dispatcher.gemm(a, b, out=other) is other
+            assert max_rel(other, reference(a, b)) <= TOL["fp32"]
 
 
 def test_a_plugin_registration_forgets_every_launch(built):
@@ -273,17 +319,6 @@ def test_a_held_plan_calls_its_own_launch_and_remakes_it_after_a_registration(bu
         assert held.native and held.native is not launch
     finally:
         manager.unregister(name="nothing-held-launch-test")
-
-
-def test_a_held_plan_with_an_out_stays_on_the_python_way(built):
-    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
-    out = np.full((16, 16), np.nan, np.float32)
-    held = dispatcher.plan(a=a, b=b, out=out)
-    for _ in range(3):
-        out[...] = np.nan
-        assert held(a, b, out=out) is out
-        assert max_rel(out, reference(a, b)) <= 1e-6
-    assert not held.native
 
 
 def test_a_bad_switch_value_warns_and_keeps_every_call_right():

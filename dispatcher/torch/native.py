@@ -155,11 +155,12 @@ def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     and a bias, if any) with `activation` (the core's `gemm(a, b)` and
     `matmul` on CUDA tensors, a held plan's calls;
     `native_module.Launches.make`): no autograd, as on the Python way.
-    False for a bias that is not one value per column (1-D)."""
+    False for a bias that is not one value per column (1-D), and for calls
+    with an output given (the Python way runs those)."""
     bias = arrays[2] if len(arrays) > 2 else None
     if bias is not None and bias.dim() != 1:
         return False
-    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(
+    return _MODULE.launch(plan, order, scalars, lambda module, found: False if found.out else module.Product(
         arrays[0], arrays[1], bias, activation or "", _spec(found)))
 
 
