@@ -203,9 +203,9 @@ class HeldPlan:
     """A plan held by the caller (`dispatcher.plan`): calling it runs the
     planned kind of call on new arrays, positional in the variant's
     declared operand order (a, b first) or by name, with new scalars.
-    Positional calls (a, b) with the plan's specs run natively once the
-    module of their kind is loaded (numpy arrays: `numpy_calls`, also
-    (a, b, out); CUDA tensors: dispatcher.torch's)."""
+    Calls (a, b) or (a, b, out=out) with the plan's specs run natively
+    once the module of their kind is loaded (numpy arrays: `numpy_calls`;
+    CUDA tensors: dispatcher.torch's)."""
 
     def __init__(self, made, record, target: str, params: dict, dispatcher=None):
         self.plan, self.record, self.target, self.dispatcher = made, record, targets.get(target), dispatcher

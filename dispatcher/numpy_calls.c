@@ -15,7 +15,7 @@
  * `call` is set-associative, 4 ways: a kind of call pushed out of it goes
  * the Python way again until it is learned again.
  * A call with an output given (`gemm(a, b, out=out)`, `matmul(a, b, out=out)`
- * or a held plan's `plan(a, b, out)`) has its own launches, keyed by all three
+ * or a held plan's `plan(a, b, out=out)`) has its own launches, keyed by all three
  * arrays: `call(a, b, out)` writes into `out` where it is writable, aligned
  * and apart from both operands' memory; anything else goes the Python way,
  * which says what is wrong with it.

@@ -289,6 +289,39 @@ def test_plain_gemm_and_held_plans_on_cuda_tensors_run_in_cpp_and_are_right():
     assert rel(y, a.double() @ b.double()) <= BF16
 
 
+@pytest.mark.native
+def test_gemm_into_an_out_on_cuda_tensors_runs_in_cpp_and_is_right():
+    """dispatcher.gemm(a, b, out=out), matmul's and a held plan's call into
+    an out on CUDA tensors: from their second call on, the C++ product of
+    dispatcher.torch's module writes into the out (NaN-poisoned first),
+    right against float64, and returns it; an out that overlaps an
+    operand is refused as before."""
+    import dispatcher
+    from dispatcher.errors import AliasingError
+    from dispatcher.torch import native
+    assert native.extension(wait=True) is not None, native.failure()
+    a, b = matrix(256, 320, 1), matrix(320, 192, 2)
+    out = torch.full((256, 192), float("nan"), device="cuda", dtype=torch.bfloat16)
+    held = dispatcher.plan(a=a, b=b, out=out)
+    calls = (lambda: dispatcher.gemm(a, b, out=out), lambda: dispatcher.matmul(a, b, out=out),
+             lambda: held(a, b, out=out))
+    hits = None
+    for step in range(3):
+        if step == 2:  # learned by now (gemm and matmul share their kind)
+            hits = native._PRODUCTS[0].hits()
+        a.copy_(matrix(256, 320, 10 + step))
+        for call in calls:
+            out.fill_(float("nan"))
+            assert call() is out
+            assert rel(out, a.double() @ b.double()) <= BF16, step
+    assert native._PRODUCTS[0].hits() - hits == 2 and held.native
+    whole = torch.empty(256 * 320, device="cuda", dtype=torch.bfloat16)
+    inside = whole.view(256, 320)  # a's key, and an out of the learned kind within its bytes
+    inside.copy_(a)
+    with pytest.raises(AliasingError):
+        dispatcher.gemm(inside, b, out=whole[:256 * 192].view(256, 192))
+
+
 def test_dispatcher_torch_runs_with_cupy_hidden(tmp_path):
     """dispatcher.torch imports and runs (forward, backward, capture) in a
     process where `import cupy` fails: every allocation is torch's."""

@@ -435,6 +435,45 @@ def test_products_with_a_bias_and_an_activation_run_only_their_own_calls():
     assert native.product(None, (a, b, bias[:, None][:20]), held.plan, held.order, held.scalars, "gelu") is False
 
 
+def test_products_into_an_out_write_it_and_refuse_what_they_may_not_write():
+    """`Products.into` and a Product made with an example out (the core's
+    gemm(a, b, out=out) and a held plan's plan(a, b, out) on CUDA tensors; a
+    CPU plan and tensors here): each call writes a @ b into the out it is
+    given (poisoned first), right against float64, and returns it; an out
+    that overlaps an operand, wants a gradient, or has another layout,
+    shape or dtype gets None (the Python way decides), and so does a plain
+    call (no out) or an out for a plain product."""
+    import dispatcher
+    a, b = quantized((24, 40), "fp32", 1), quantized((40, 20), "fp32", 2)
+    out = torch.full((24, 20), float("nan"))
+    held = dispatcher.plan(a=a.numpy(), b=b.numpy(), out=out.numpy())
+    held(a.numpy(), b.numpy(), out=out.numpy())  # binds the kernel
+    product = native.product(None, (a, b, out), held.plan, held.order, held.scalars, None)
+    assert product
+    table = native.extension().Products()
+    table.add(product)
+    for seed in range(2):
+        x = quantized((24, 40), "fp32", 10 + seed)
+        for call in (lambda: table.into(x, b, out), lambda: product(x, b, out)):
+            out.fill_(float("nan"))
+            assert call() is out
+            assert max_rel(f64(out), f64(x) @ f64(b)) <= 1e-6
+    assert table.hits() == 2
+    whole = torch.full((40 * 20 + 24 * 20,), float("nan"))
+    b_inside = whole[:800].view(40, 20)
+    b_inside.copy_(b)
+    right_after = whole[800:].view(24, 20)  # one buffer, apart in bytes: runs
+    assert table.into(a, b_inside, right_after) is right_after
+    assert max_rel(f64(right_after), f64(a) @ f64(b)) <= 1e-6
+    assert table.into(a, b_inside, whole[320:800].view(24, 20)) is None  # b's last rows' bytes
+    assert table(a, b) is None and table.into(a, b, out.t().contiguous().t()) is None  # no plain product; F-order
+    assert table.into(a, b, out.requires_grad_()) is None
+    out.requires_grad_(False)
+    assert table.into(a, b, out[:, :19]) is None and table.into(a, b, out.double()) is None
+    assert table.into(a, a[:, :20], out) is None  # another key
+    assert native.product(None, (a, b, out.t()), held.plan, held.order, held.scalars, None) is False
+
+
 def test_batched_products_run_for_matmul_not_for_gemm():
     """`Products.matmul` runs batched (3-D) products, a broadcast 2-D b too,
     right against float64; gemm's plain calls (`Products.__call__`) take

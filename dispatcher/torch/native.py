@@ -66,11 +66,13 @@ def source():
 
 
 def _loaded(module):
-    """Once loaded: the core's plain calls and matmul's calls (batched, a
-    bias, an activation) on tensors try the module's products."""
+    """Once loaded: the core's plain calls, its calls into an out and
+    matmul's calls (batched, a bias, an activation) on tensors try the
+    module's products."""
     _PRODUCTS.append(module.Products())
     native_module.PRODUCTS.append(_PRODUCTS[0])
     native_module.MATMULS.append(_PRODUCTS[0].matmul)
+    native_module.INTO.append(_PRODUCTS[0].into)
 
 
 _PRODUCTS: list = []  # the module's Products of the core's calls, once loaded
@@ -152,16 +154,19 @@ class LinearPlans:
 
 def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     """The C++ launch of a plan's products on tensors like `arrays` (a, b
-    and a bias, if any) with `activation` (the core's `gemm(a, b)` and
-    `matmul` on CUDA tensors, a held plan's calls;
-    `native_module.Launches.make`): no autograd, as on the Python way.
-    False for a bias that is not one value per column (1-D), and for calls
-    with an output given (the Python way runs those)."""
-    bias = arrays[2] if len(arrays) > 2 else None
-    if bias is not None and bias.dim() != 1:
+    and a bias or an output given, if any) with `activation` (the core's
+    `gemm(a, b)`, `gemm(a, b, out=out)` and `matmul` on CUDA tensors, a held
+    plan's calls; `native_module.Launches.make`): no autograd, as on the
+    Python way. False for a bias that is not one value per column (1-D), and
+    for an output that is not a row-major matrix or comes with a bias or an
+    activation (the Python way runs those)."""
+    into = arrays[2] if len(arrays) > 2 and order[-1] == plan.names.get("out") else None
+    bias = arrays[2] if len(arrays) > 2 and into is None else None
+    if (bias is not None and bias.dim() != 1) or \
+            (into is not None and (len(arrays) > 3 or activation is not None or into.dim() != 2 or not _row_major(into))):
         return False
-    return _MODULE.launch(plan, order, scalars, lambda module, found: False if found.out else module.Product(
-        arrays[0], arrays[1], bias, activation or "", _spec(found)))
+    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(
+        arrays[0], arrays[1], bias, activation or "", _spec(found), into))
 
 
 def _forget_products():

@@ -21,8 +21,8 @@
 //
 // A `Product` is one such launch on its own, for products c = act(a @ b +
 // bias) (the core's `dispatcher.gemm(a, b)` and `matmul` on CUDA tensors,
-// held plans), and `Products` the core's table of them; a plugin
-// registration makes every Product stale.
+// held plans; plain products into an output given, too), and `Products` the
+// core's table of them; a plugin registration makes every Product stale.
 #include <torch/extension.h>
 
 #include <array>
@@ -48,10 +48,13 @@ struct Launch {
     int64_t batch = 0, rows = 0, cols = 0;  // batch 0: a 2-D result
     at::ScalarType out = at::kFloat;
 
-    // A new (rows x cols, or batch x rows x cols) result of `a`'s device:
-    // c = a @ b (+ the bias, extra operand 0).
-    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias = nullptr) const {
-        at::Tensor c = batch ? at::empty({batch, rows, cols}, a.options().dtype(out))
+    // c = a @ b (+ the bias, extra operand 0): into `into` where given (checked
+    // by the caller: `fits_out`), else a new (rows x cols, or batch x rows x
+    // cols) result of `a`'s device.
+    at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias = nullptr,
+                          const at::Tensor* into = nullptr) const {
+        at::Tensor c = into ? *into
+                     : batch ? at::empty({batch, rows, cols}, a.options().dtype(out))
                              : at::empty({rows, cols}, a.options().dtype(out));
         dispatcher_gemm_args args = block;
         std::array<dispatcher_operand, kMaxExtra> operands = extra;
@@ -304,6 +307,33 @@ bool product_key(const at::Tensor& a, const at::Tensor& b, const c10::optional<a
     return true;
 }
 
+// The bytes a tensor's elements span, [first, last); none where it is empty.
+std::pair<uintptr_t, uintptr_t> extent(const at::Tensor& t) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(t.data_ptr());
+    if (t.numel() == 0) return {start, start};
+    int64_t low = 0, high = 0;
+    for (int64_t i = 0; i < t.dim(); ++i) (t.stride(i) < 0 ? low : high) += (t.size(i) - 1) * t.stride(i);
+    return {start + low * t.element_size(), start + (high + 1) * t.element_size()};
+}
+
+// Whether a launch may write its 2-D result into `out` as the plan it came
+// from did: row-major, the result's shape and dtype, on a's device, wanting
+// no gradient, of the plan's alignment class and apart from a's and b's
+// bytes (bounds only: what interleaves goes the Python way, which decides).
+bool fits_out(const Launch& l, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool out_aligned) {
+    if (l.batch || out.dim() != 2 || out.size(0) != l.rows || out.size(1) != l.cols || out.scalar_type() != l.out ||
+        out.stride(1) != 1 || out.stride(0) != l.cols || out.device() != a.device() || out.requires_grad() ||
+        !plain_memory(out) || bool(aligned(out)) != out_aligned)
+        return false;
+    const auto o = extent(out);
+    if (o.first == o.second) return true;
+    for (const at::Tensor* x : {&a, &b}) {
+        const auto e = extent(*x);
+        if (e.first < o.second && o.first < e.second) return false;
+    }
+    return true;
+}
+
 // A call's activation (None or its name) as a product holds it: "" for
 // none; false for what no product has (an empty name too, which the Python
 // way refuses).
@@ -327,31 +357,39 @@ bool activation_of(py::handle activation, std::string* name) {
 // (shapes, strides, dtypes, device, stream, alignment) and one activation
 // (the epilogue its kernel fuses): a held plan's (`dispatcher.plan`: plain
 // products), the core's plain `gemm(a, b)` / `matmul(a, b)` and `matmul`
-// with a bias and an activation. No autograd: like the core's Python way,
-// the result records no graph.
+// with a bias and an activation; `into` (the example's out: its alignment
+// class): plain products into an output given, row-major (`gemm(a, b,
+// out=out)`, `matmul(a, b, out=out)`, a held plan's `plan(a, b, out=out)`). No
+// autograd: like the core's Python way, the result records no graph.
 class Product {
   public:
     Product(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& bias,
-            const std::string& activation, const py::tuple& launch)
-        : launch_(launch_of(launch)), activation_(activation), generation_(generation.load()) {
+            const std::string& activation, const py::tuple& launch, const c10::optional<at::Tensor>& into)
+        : launch_(launch_of(launch)), activation_(activation), generation_(generation.load()),
+          into_(into.has_value()), out_aligned_(into.has_value() && aligned(*into)) {
         if (!product_key(a, b, bias, &key_, /*batched=*/true))
             throw std::invalid_argument("a product's example tensors are not plain");
         if (launch_.block.extra_count != (bias.has_value() ? 1 : 0))
             throw std::invalid_argument("a product's launch takes one extra operand, its bias, or none");
+        if (into_ && (bias.has_value() || !activation.empty() || !fits_out(launch_, *into, a, b, out_aligned_)))
+            throw std::invalid_argument("a product into an out takes a plain, row-major out of its result");
     }
 
     // False once `Products::clear_all` has made it stale.
     bool current() const { return generation_ == generation.load(); }
-    bool fits(const Key& key, const std::string& activation) const {
-        return key == key_ && activation == activation_ && current();
+    bool fits(const Key& key, const std::string& activation, bool into = false) const {
+        return key == key_ && activation == activation_ && into == into_ && current();
     }
 
-    // a @ b (a plain product's launch: a held plan's), or None for tensors of another key (or once stale).
-    py::object call(const at::Tensor& a, const at::Tensor& b) const {
+    // a @ b (a plain product's launch: a held plan's), into `out` for a
+    // product into an out (None: not a tensor), or None for tensors of
+    // another key or an out it may not write (or once stale).
+    py::object call(const at::Tensor& a, const at::Tensor& b, const at::Tensor* out = nullptr) const {
         Key key;
-        return product_key(a, b, c10::nullopt, &key, /*batched=*/true) && fits(key, std::string())
-                   ? py::cast(launch_(a, b))
-                   : py::none();
+        if (!product_key(a, b, c10::nullopt, &key, /*batched=*/true) || !fits(key, std::string(), out != nullptr))
+            return py::none();
+        if (out && !fits_out(launch_, *out, a, b, out_aligned_)) return py::none();
+        return py::cast(launch_(a, b, nullptr, out));
     }
 
     at::Tensor operator()(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) const {
@@ -363,6 +401,7 @@ class Product {
     Launch launch_;
     std::string activation_;
     uint64_t generation_;
+    bool into_, out_aligned_;
 };
 
 // The core's products on tensors (`dispatcher.gemm(a, b)` and `matmul` on
@@ -383,6 +422,21 @@ class Products {
                 const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
                 ++hits_;
                 return py::cast((*held)(a, b, bias.has_value() ? &*bias : nullptr));
+            }
+        return py::none();
+    }
+
+    // a @ b into `out` (a plain product, matrices only), or None where no
+    // product into an out fits (`Product::call`).
+    py::object into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) const {
+        Key key;
+        if (!product_key(a, b, c10::nullopt, &key)) return py::none();
+        for (const auto& p : products_)
+            if (p->fits(key, std::string(), /*into=*/true)) {
+                const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
+                py::object result = held->call(a, b, &out);
+                if (!result.is_none()) ++hits_;
+                return result;
             }
         return py::none();
     }
@@ -431,18 +485,27 @@ PYBIND11_MODULE(dispatcher_torch_native, m) {
         .def("__len__", &Plans::size);
     py::class_<Product, std::shared_ptr<Product>>(m, "Product")
         .def(py::init<const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const std::string&,
-                      const py::tuple&>(),
-             py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("activation"), py::arg("launch"))
+                      const py::tuple&, const c10::optional<at::Tensor>&>(),
+             py::arg("a"), py::arg("b"), py::arg("bias"), py::arg("activation"), py::arg("launch"),
+             py::arg("into") = py::none())
         .def_property_readonly("current", &Product::current)
-        .def("__call__", [](const Product& self, py::handle a, py::handle b) {
-            return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr())) : py::none();
-        });
+        .def("__call__", [](const Product& self, py::handle a, py::handle b, py::handle out) {
+            if (!tensors(a, b) || !(out.is_none() || THPVariable_CheckExact(out.ptr()))) return py::object(py::none());
+            if (out.is_none()) return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()));
+            const at::Tensor& into = THPVariable_Unpack(out.ptr());
+            return self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), &into);
+        }, py::arg("a"), py::arg("b"), py::arg("out") = py::none());
     py::class_<Products>(m, "Products")
         .def(py::init<>())
         .def("__call__", [](const Products& self, py::handle a, py::handle b) {  // gemm's and matmul's plain calls
             return tensors(a, b) ? self.call(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), c10::nullopt,
                                              py::none(), /*batched=*/false)
                                  : py::none();
+        })
+        .def("into", [](const Products& self, py::handle a, py::handle b, py::handle out) {  // ... with an out given
+            return tensors(a, b) && THPVariable_CheckExact(out.ptr())
+                       ? self.into(THPVariable_Unpack(a.ptr()), THPVariable_Unpack(b.ptr()), THPVariable_Unpack(out.ptr()))
+                       : py::none();
         })
         .def("matmul", [](const Products& self, py::handle a, py::handle b, py::handle bias, py::handle activation) {
             if (!tensors(a, b)) return py::object(py::none());
