@@ -63,6 +63,9 @@ CONFIGS = [
     dict(tile_m=96, tile_n=256, tile_k=256),
     dict(tile_m=48, tile_n=512, tile_k=256),
     dict(tile_m=96, tile_n=128, tile_k=256),
+    # short ones: more tiles than a 16-core machine's workers at 512^3 (the catalog's give at most 24)
+    dict(tile_m=48, tile_n=128, tile_k=256),
+    dict(tile_m=96, tile_n=64, tile_k=256),
 ]
 
 

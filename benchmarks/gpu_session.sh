@@ -55,9 +55,10 @@ for step in "$@"; do
     # per-call cost against torch (issue 22)
     overhead) timeout 400 python3 benchmarks/call_overhead.py --only gpu_call --out $OUT/call_overhead 2>&1 \
              | tee $OUT/call_overhead.log | tail -30 ;;
-    # the GPU host's CPU (issue 25, issue 22's coexisting threads on more cores): cpu_gemm.py, then
+    # the GPU host's CPU (issue 25, issue 22's coexisting threads on more cores): cpu_gemm.py (CPU_ARGS:
+    # more of its arguments, e.g. "--best --shapes 512x512x512,1024x1024x1024"), then
     # call_overhead.py's CPU parts
-    cpubench) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/cpu_gemm.py --dtypes ${CPU_DTYPES:-fp32,bf16,int8} --repeat 7 \
+    cpubench) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/cpu_gemm.py --dtypes ${CPU_DTYPES:-fp32,bf16,int8} --repeat 7 ${CPU_ARGS:-} \
              --out $OUT/cpu_gemm_host 2>&1 | tee $OUT/cpu_gemm.log | tail -25 ;;
     cpucall) timeout ${CPU_TIMEOUT:-400} python3 benchmarks/call_overhead.py --only cpu_call,cpu_coexist \
              --out $OUT/call_overhead_cpu_host 2>&1 | tee $OUT/call_overhead_cpu.log | tail -12 ;;
