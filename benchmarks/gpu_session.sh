@@ -80,7 +80,9 @@ for step in "$@"; do
           done
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
             --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
-            | tee -a $OUT/tune.log ;;
+            | tee -a $OUT/tune.log
+          # every measurement of the sweeps so far, for selection's regret computed offline
+          tar -czf $OUT/sweeps.tar.gz -C $R/.gpucache sweeps ;;
     # everything under $OUT in one file (at most 8 files come back from the machine)
     bundle) (cd $OUT && tar -czf results.tar.gz --exclude results.tar.gz . && find . -type f ! -name results.tar.gz -delete) ;;
     *) echo "unknown step $step" ; exit 2 ;;
