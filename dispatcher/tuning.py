@@ -33,6 +33,7 @@ from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
 from .files import read_json
+from .plugins import get_manager
 from .problem import unmet_fields
 
 _SCHEMA = """
@@ -86,10 +87,12 @@ class Winner:
     problem: str
     shipped: bool
     exact: bool
+    epilogue: bool = False  # the winner's block tiles with this problem's fused epilogue
 
     def __str__(self):
+        epilogue = ", with this problem's epilogue" if self.epilogue else ""
         return (f"{self.config.name} ({'shipped' if self.shipped else 'own'} winner of "
-                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem})")
+                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem}{epilogue})")
 
 
 class TuningDatabase:
@@ -148,7 +151,29 @@ class TuningDatabase:
         (the user's own, where any is that near). Equally near neighbours
         whose winners disagree leave it to the selection model (1024^3
         between grid shapes of 512 and 2048: their four winners ran up to
-        13% slower than the model's pick on the H100)."""
+        13% slower than the model's pick on the H100). A problem with a
+        fused epilogue (bias, activation) that no winner of its own
+        decides takes the plain problem's winner with its epilogue: the
+        epilogue runs once per output element, after the main loop the
+        tiles were tuned for (the shipped sweeps tune plain GEMMs)."""
+        found = self._winner(problem)
+        fixed = dict(getattr(problem, "fixed", ()))  # the values the call fixes away from the defaults
+        if found is not None or not fixed:
+            return found
+        defaults = {o.name: o.default for o in get_manager().variant(problem.variant).options}
+        plain = attrs.evolve(problem, fixed=(), options=tuple((k, defaults[k] if k in fixed else v)
+                                                              for k, v in problem.options))
+        found = self._winner(plain)
+        if found is None:
+            return None
+        try:
+            config = found.config.replace(**fixed)
+        except DispatcherError:
+            return None
+        return None if config.problems() else attrs.evolve(found, config=config, epilogue=True)
+
+    def _winner(self, problem) -> "Winner | None":
+        """`winner`'s lookup of `problem` as it is."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",

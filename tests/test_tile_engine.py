@@ -343,6 +343,25 @@ def test_an_own_winner_as_near_as_a_shipped_one_comes_first(own_m, m, shipped_m,
     assert db.lookup(between) == large  # the user's own measurement, not a tie the model decides
 
 
+def test_a_fused_epilogue_problem_takes_the_plain_problems_winner_with_its_epilogue(tmp_path):
+    """A call with a bias and an activation that no winner of its own
+    decides gets the tiles the plain problem's winner has, with its own
+    epilogue (the sweeps tune plain GEMMs); its own winner comes first."""
+    from dispatcher.kinds import KindProblem
+    db = TuningDatabase(tmp_path / "own.sqlite", shipped=False)
+    won = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
+    shape = (300, 200, 100, 1, "fp32", "fp32", "rrr", "regular", "cpu")
+    db.record(KindProblem(*shape, (("activation", "none"), ("bias", "none")), ()), won, 1.0)
+    fused = KindProblem(*shape, (("activation", "relu"), ("bias", "col")), (("activation", "relu"), ("bias", "col")))
+    found = db.winner(fused)
+    assert found.config == won.replace(activation="relu", bias="col") and found.epilogue and found.exact
+    assert "with this problem" in str(found)
+    assert db.winner(KindProblem(900, 200, 100, *shape[3:], fused.options, fused.fixed)) is None  # 3x M: too far
+    own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32, activation="relu", bias="col")
+    db.record(fused, own, 1.0)
+    assert db.lookup(fused) == own and not db.winner(fused).epilogue
+
+
 def test_a_stale_row_of_ones_own_does_not_stop_autotune(tmp_path, monkeypatch):
     """An own exact row whose config no longer builds is skipped by lookups,
     and `has` (autotune's question) says no, so the problem is measured again."""
