@@ -147,6 +147,9 @@ class VariantRecord:
     packs_a_once: its kernels pack all of A once per call where their
         target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
         not once per tile: the occupancy model counts A's packing so.
+    target_schedules: the schedules beyond a target's tiled ones that its
+        templates implement (cuda: "gemv", dispatcher/native/cuda/gemv.hpp);
+        the target refuses them to every other variant.
     operands: the problem kind as data (`dispatcher.kinds.Operand`s: a, b,
         out and any extra operands such as a bias); a variant that declares
         them runs through `dispatcher.run(variant, **operands, **params)`.
@@ -177,6 +180,7 @@ class VariantRecord:
     partial_sums: Callable[[Any], int] = lambda config: 1
     k_splits: Callable[[Any], int] = lambda config: 1
     packs_a_once: bool = False
+    target_schedules: tuple = ()
     description: str = ""
     provider: str = ""
     operands: tuple = ()

@@ -40,7 +40,7 @@ def estimate(problem, config, record) -> Estimate:
     splits = record.k_splits(config) if record is not None else 1
     found = target.model_estimate(problem, config, splits)
     if found is not None:
-        return Estimate(config, found, target.model_name, 0)
+        return Estimate(config, found, target.model_name_of(config), 0)
     return Estimate(config, estimated_cost(problem, config, record), OCCUPANCY, 1)
 
 

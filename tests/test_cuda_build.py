@@ -25,6 +25,9 @@ CONFIGS = [
     # the tree reduction: a partials GEMM and a reduction kernel of our own
     dict(variant="stream_k", dtype="bf16", layout="crr", reduction="tree", decomposition="split_k", splits=5),
     dict(variant="grouped", dtype="fp16", layout="rcr", raster="along_m"),
+    # the target's gemv kernel (not CUTLASS), with a bias per row and SiLU
+    dict(variant="regular", dtype="fp16", layout="rcr", schedule="gemv", tile_m=16, tile_n=16, bias="row",
+         activation="silu"),
 ]
 # The batched variant (batch mode L) and both CUTLASS bias fusions: about
 # five more minutes of nvcc on 2 cores, so outside the fast suite (.ci/run
@@ -37,9 +40,9 @@ EPILOGUE_CONFIGS = [
 
 def build_all(field_sets):
     d = Dispatcher()
-    configs = [dispatcher.KernelConfig.create(target="cuda", tile_m=128, tile_n=128,
-                                              tile_k=128 // dispatcher.dtypes.get(f["dtype"]).itemsize,
-                                              cluster_m=1, **f) for f in field_sets]
+    configs = [dispatcher.KernelConfig.create(**{"target": "cuda", "tile_m": 128, "tile_n": 128,
+                                                 "tile_k": 128 // dispatcher.dtypes.get(f["dtype"]).itemsize,
+                                                 "cluster_m": 1, **f}) for f in field_sets]
     with ThreadPoolExecutor(2) as pool:
         return list(zip(configs, pool.map(lambda c: d.build(d.codegen(c)), configs)))
 
@@ -57,6 +60,8 @@ def test_each_variant_compiles_and_exports_its_abi(built):
     for config, lib in built:
         symbols = _exported_symbols(lib.path)
         assert expected[config.variant] <= symbols, (config.name, symbols)
+        if config.target_params["schedule"] == "gemv":
+            assert "dispatcher_workspace_size" in symbols and config.name.endswith("_gemv_sauto_biasrow_silu")
         assert {"dispatcher_abi_version", "dispatcher_kernel_name", "dispatcher_last_error"} <= symbols
         assert lib.name == config.name
 

@@ -123,6 +123,56 @@ def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
     assert max_rel(out.float().cpu().numpy(), expected) <= tolerance(cfg, k)
 
 
+# The cuda target's gemv schedule (native/cuda/gemv.hpp): M or N up to 16,
+# K a multiple of 8 (16-byte loads) or not (one element a lane), one and many blocks.
+GEMV = dict(tile_m=16, tile_n=16, cluster_m=1, cluster_n=1, schedule="gemv")
+GEMV_SHAPES = [(1, 4096, 4096), (8, 2048, 1000), (16, 300, 72), (5, 77, 35), (2047, 1, 4096), (333, 16, 520),
+               (3, 3, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gemv_schedule_small_m_or_n(dtype, gen):
+    for shape in GEMV_SHAPES:
+        err, tol = run("regular", dtype, "rcr", shape, gen, **GEMV)
+        assert err <= tol, (dtype, shape, err)
+
+
+@pytest.mark.parametrize("per, activation", [("col", "gelu"), ("row", "silu")])
+def test_gemv_schedule_epilogue_alpha_beta_views_and_fp32_out(per, activation, gen):
+    m, n, k = 12, 1000, 777
+    a = operand(m, k + 1, "bf16", "r", gen)[:, 1:]  # a view 2 bytes off: the one-element path
+    b = operand(k, n, "bf16", "c", gen)
+    c = operand(m, n, "bf16", "r", gen)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = config("regular", "bf16", "rcr", **GEMV)
+    dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, out=out, target="cuda", config=cfg)
+    torch.cuda.synchronize()
+    assert max_rel(out.float().cpu().numpy(), reference(a, b, 2.0, c, 0.5)) <= tolerance(cfg, k)
+    bias = operand(1, n, "bf16", "r", gen)[0] if per == "col" else operand(m, 1, "bf16", "r", gen)
+    wide = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    cfg = config("regular", "bf16", "rcr", dtype_c="fp32", bias=per, activation=activation, **GEMV)
+    dispatcher.run("regular", a=a, b=b, out=wide, bias=bias.float(), activation=activation, alpha=0.5,
+                   target="cuda", config=cfg)
+    torch.cuda.synchronize()
+    x = 0.5 * reference(a, b) + bias.double().cpu().numpy()
+    expected = x / (1.0 + np.exp(-x)) if activation == "silu" else \
+        0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    assert max_rel(wide.cpu().numpy(), expected) <= tolerance(cfg, k)
+
+
+def test_gemv_schedule_refuses_wide_problems_and_is_chosen_for_few_columns(gen):
+    a, b = operand(64, 128, "bf16", "r", gen), operand(128, 64, "bf16", "c", gen)
+    with pytest.raises(errors.UnsupportedProblem):
+        dispatcher.gemm(a, b, target="cuda", config=config("regular", "bf16", "rcr", **GEMV), strict=True)
+    a, x = operand(2047, 4096, "bf16", "r", gen), operand(4096, 4, "bf16", "c", gen)
+    held = dispatcher.plan(a=a, b=x)  # the default selection's plan, as dispatcher.gemm(a, x) makes it
+    y = held(a, x)
+    torch.cuda.synchronize()
+    chosen = held.plan.chosen[0]
+    assert chosen.target_params["schedule"] == "gemv"  # no tuned row near: the gemv estimate ranks first
+    assert max_rel(y.float().cpu().numpy(), reference(a, x)) <= tolerance(chosen, 4096)
+
+
 # The tree reduction (split_k slices' fp32 partials in the workspace, then a
 # pairwise reduction kernel): every layout, many slices, K that leaves a
 # short last slice (1064, 4100), one slice only (8, 100 with tile_k 64), and

@@ -2,6 +2,7 @@
 chain and autotune (CPU target; the cuda ranking runs without a GPU)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,37 @@ def test_a_cuda_configs_raster_order_is_in_its_name_source_and_model_estimate():
             problem = GemmProblem(m, n, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
             estimates = [targets.get("cuda").model_estimate(problem, c, 1) for c in (default, along_m, along_n)]
             assert estimates[0] == estimates[same] and estimates[1] != estimates[2], (m, n, estimates)
+
+
+def test_the_gemv_schedule_is_checked_named_and_ranked_by_its_bandwidth_estimate():
+    """The cuda target's kernel for M or N up to 16: its configs (16x16 tiles,
+    no clusters, rcr, fp16/bf16, variants whose template implements it) are
+    refused otherwise with the reason; its estimate is the bytes it streams
+    (infinite where both M and N exceed 16), which explain names, and it
+    ranks first for a matrix times a vector."""
+    from dispatcher.targets import cuda
+    def gemv(**kw):
+        fields = dict(target="cuda", dtype="bf16", layout="rcr", tile_m=16, tile_n=16, tile_k=64, cluster_m=1,
+                      schedule="gemv")
+        return dispatcher.KernelConfig.create(**{**fields, **kw})
+    assert gemv().name == "gemm_bf16_bf16_rcr_16x16x64_cuda_c1x1_gemv_sauto" and gemv().problems() == []
+    for kw, reason in ((dict(layout="rrr"), "layout rcr"), (dict(dtype="fp8_e4m3", tile_k=128), "fp16 and bf16"),
+                       (dict(tile_n=64), "16x16"), (dict(cluster_n=2), "no clusters"),
+                       (dict(variant="stream_k"), "has no gemv kernel"), (dict(variant="batched"), "no gemv")):
+        assert any(reason in p for p in gemv(**kw).problems()), (kw, gemv(**kw).problems())
+    assert "#define DCUDA_GEMV 1" in Dispatcher().codegen(gemv()).files[0][1]
+    assert cuda.gemv_estimate_us(17, 17, 4096, gemv()) == math.inf
+    # M = 8: the big operand (N x K bf16) once, the small one, C
+    assert cuda.gemv_estimate_us(8, 2048, 8192, gemv()) == pytest.approx(
+        (8 + 2048) * 8192 * 2 / cuda.GEMV_BYTES_PER_US + 8 * 2048 * 2 / cuda.GEMV_BYTES_PER_US + cuda.GEMV_LAUNCH_US)
+    assert cuda.gemv_estimate_us(2047, 1, 4096, gemv()) == cuda.gemv_estimate_us(1, 2047, 4096, gemv())
+    if cuda_model.available():
+        found = explain("--target", "cuda", "--dtype", "bf16", "--m", "2047", "--n", "1", "--k", "4096")
+        assert found["chosen"] == found["ranked"][0]["kernel"] == gemv().name
+        assert found["ranked"][0]["model"] == cuda.GEMV_MODEL
+        assert all(r["model"] != cuda.GEMV_MODEL for r in found["ranked"][1:])
+        wide = explain("--target", "cuda", "--dtype", "bf16", "--m", "512", "--n", "512", "--k", "512")
+        assert wide["ranked"][-1]["kernel"] == gemv().name  # it cannot run it: last
 
 
 def test_explain_gives_the_reason_for_each_rejected_config():

@@ -274,6 +274,10 @@ class CpuTarget:
 
     model_name = "none"
 
+    def model_name_of(self, config) -> str:
+        """What estimates `config`: nothing of the target's own (`model_estimate`)."""
+        return self.model_name
+
     def measure(self, fn, options, stream: int = 0) -> list:
         """Wall-clock seconds of repeated calls of fn(i) (`timing.measure`)."""
         from ..timing import measure

@@ -61,6 +61,12 @@ _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer
                  "cutlass::epilogue::TmaWarpSpecialized",
                  "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
                  "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"),
+    # not CUTLASS: native/cuda/gemv.hpp, for M or N up to 16 (the traits keep the
+    # cooperative names, which its templates do not instantiate)
+    "gemv": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+             "cutlass::epilogue::TmaWarpSpecializedCooperative",
+             "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
+             "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative"),
 }
 
 
@@ -161,7 +167,7 @@ class CudaTarget:
         return Toolchain.find()
 
     def name_tokens(self, opts: dict) -> str:
-        sched = {"cooperative": "coop", "pingpong": "pp"}[opts["schedule"]]
+        sched = {"cooperative": "coop", "pingpong": "pp", "gemv": "gemv"}[opts["schedule"]]
         stages = opts["stages"] or "auto"
         swizzle = f"_sw{opts['swizzle']}" if opts["swizzle"] != 1 else ""
         raster = {"default": "", "along_m": "_rm", "along_n": "_rn"}[opts["raster"]]
@@ -189,6 +195,8 @@ class CudaTarget:
             return "fp8 tensor-core MMA needs K-major operands: layout rcr"
         if config.layout[2] != "r":
             return "CUDA kernels write row-major C (column-major C is run transposed)"
+        if o["schedule"] == "gemv":
+            return _gemv_check(config)
         tile_ms = (128, 256) if o["schedule"] == "cooperative" else (64, 128)
         if config.tile_m not in tile_ms:
             return f"the {o['schedule']} schedule takes tile_m in {tile_ms}"
@@ -212,6 +220,7 @@ class CudaTarget:
             '#include "cuda/cutlass_common.hpp"',
             "",
             f'#define KERNEL_NAME "{config.name}"',
+            f"#define DCUDA_GEMV {int(o['schedule'] == 'gemv')}  // the gemv schedule: native/cuda/gemv.hpp",
             "struct KernelTraits {",
             f"    using ElementA = {_ELEMENTS[config.dtype_a]};",
             f"    using ElementB = {_ELEMENTS[config.dtype_b]};",
@@ -264,10 +273,18 @@ class CudaTarget:
     def model_name(self) -> str:
         return cuda_model.NAME
 
+    def model_name_of(self, config) -> str:
+        """What estimates `config` (`model_estimate`): NVIDIA's model, or for
+        the gemv schedule its bandwidth estimate."""
+        return GEMV_MODEL if config.target_params["schedule"] == "gemv" else self.model_name
+
     def model_estimate(self, problem, config, splits: int):
         """Microseconds NVIDIA's model expects for `config` on `problem` (the
-        sum over its GEMMs), or None where the model does not know the config."""
+        sum over its GEMMs), or None where the model does not know the config;
+        for the gemv schedule, which that model does not know, `gemv_estimate_us`."""
         o = config.target_params
+        if o["schedule"] == "gemv":
+            return sum(gemv_estimate_us(m, n, k, config) for m, n, k in problem.shapes)
         total = 0.0
         for m, n, k in problem.shapes:
             if not (m and n and k):
@@ -330,6 +347,45 @@ class CudaTarget:
 
     def parallelism_hint(self) -> str:
         return f"{self.parallelism(None)} SMs"
+
+
+# The gemv schedule (native/cuda/gemv.hpp): a config of it and what it runs.
+GEMV_MAX_SMALL = 16  # M or N (its kMaxSmall)
+GEMV_TILE = (16, 16)  # (tile_m, tile_n) of its configs: the small side's rows, the big side's rows per block
+GEMV_BYTES_PER_US = 2.5e6  # HBM3 bytes a microsecond that a streaming kernel reaches on an H100/H200
+GEMV_LAUNCH_US = 3.0
+GEMV_MODEL = "gemv bandwidth estimate"
+
+
+def _gemv_check(config) -> str | None:
+    """Why a config of the gemv schedule cannot be built, or None."""
+    from ..plugins import get_manager  # the variant's record: whether its template runs the schedule
+    o = config.target_params
+    if "gemv" not in get_manager().variant(config.variant).target_schedules:
+        return f"variant {config.variant!r} has no gemv kernel (its template does not implement the schedule)"
+    if config.layout != "rcr":
+        return "the gemv schedule reads A and B along K: layout rcr"
+    if dtypes.get(config.dtype_a).is_float8:
+        return "the gemv schedule takes fp16 and bf16 inputs"
+    if (config.tile_m, config.tile_n) != GEMV_TILE:
+        return f"the gemv schedule's tiles are {GEMV_TILE[0]}x{GEMV_TILE[1]} (M or N up to 16, 16 rows a block)"
+    if (o["cluster_m"], o["cluster_n"], o["swizzle"], o["raster"]) != (1, 1, 1, "default"):
+        return "the gemv schedule has no clusters, swizzle or raster order"
+    return None
+
+
+def gemv_estimate_us(m: int, n: int, k: int, config) -> float:
+    """Microseconds of a gemv-schedule kernel on one problem: the bytes it
+    streams (the big operand once, the small one per block from L2, C) at
+    HBM speed, plus a launch; infinite for a problem it does not take, so
+    it ranks after every kernel that does."""
+    if not (m and n and k):
+        return 0.0
+    if min(m, n) > GEMV_MAX_SMALL:
+        return math.inf
+    size = dtypes.get(config.dtype_a).itemsize
+    moved = (m + n) * k * size + m * n * dtypes.get(config.dtype_c).itemsize
+    return moved / GEMV_BYTES_PER_US + GEMV_LAUNCH_US
 
 
 CUDA = register(CudaTarget())

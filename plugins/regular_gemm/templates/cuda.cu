@@ -1,9 +1,18 @@
 // gemm-dispatcher regular GEMM, CUDA target: a CUTLASS 3.x SM90 GemmUniversal
 // instance with the persistent data-parallel tile scheduler, or split-K
-// (dcuda::SplitK) where the config splits K. Generated file.
+// (dcuda::SplitK) where the config splits K; or, for the `gemv` schedule,
+// the target's kernel for M or N up to 16 (cuda/gemv.hpp). Generated file.
 ${prelude}
+#if DCUDA_GEMV
+#include "cuda/gemv.hpp"
+#endif
 namespace {
 using T = KernelTraits;
+#if DCUDA_GEMV
+int run(const dispatcher_gemm_args* a) {
+    return dcuda::guarded([&] { return dcuda::gemv::run<T, dcuda::Bias::${bias}, dcuda::Activation::${activation}>(a); });
+}
+#else
 using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
 using Split = dcuda::SplitK<${splits}>;
 using Gemm = dcuda::UniversalGemm<T, Epi, Split::Scheduler>;
@@ -17,12 +26,23 @@ typename Gemm::Arguments arguments_of(const dispatcher_gemm_args* a) {
 int run(const dispatcher_gemm_args* a) {
     return dcuda::guarded([&] { return dcuda::run_call<Gemm, T, Epi>(a, arguments_of); });
 }
+#endif
 
 const dispatcher_registry_entry kRegistry[] = {{KERNEL_NAME, &run}};
 }  // namespace
 
 DISPATCHER_DEFINE_GEMM_EXPORTS(KERNEL_NAME, run)
+#if DCUDA_GEMV
+// no workspace: nothing is staged (the kernel reads any alignment in place)
+extern "C" DISPATCHER_EXPORT int64_t dispatcher_workspace_size(const dispatcher_gemm_args* args) {
+    return dcuda::size_or_error([&] {
+        dcuda::check_args<T>(args);
+        return int64_t(0);
+    });
+}
+#else
 DCUDA_DEFINE_WORKSPACE_EXPORT(Gemm, T, Epi, arguments_of)
+#endif
 
 extern "C" DISPATCHER_EXPORT const dispatcher_registry_entry* dispatcher_registry(int* count) {
     *count = 1;

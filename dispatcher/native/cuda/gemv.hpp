@@ -1,0 +1,182 @@
+// The cuda target's `gemv` schedule: products with M or N up to 16 (a few
+// tokens through a Linear layer, a matrix times a vector), which read one
+// big operand once and are bound by memory, not by tensor cores. A tiled
+// CUTLASS kernel gives them a few CTAs of mostly empty 64-row tiles; here
+// every warp streams kRowsPerWarp rows of the big operand with 16-byte loads,
+// multiplies them with all rows of the small operand (read through L1/L2),
+// and reduces over its lanes, so the grid has one warp per few output rows
+// and every SM streams. Both operands are read along K (layout rcr); C is
+// written by the fused epilogue D = act(alpha * acc + beta * C + bias), as
+// the CUTLASS kernels' (cutlass_common.hpp `Epilogue`), accumulating in fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+namespace dcuda {
+namespace gemv {
+
+constexpr int kMaxSmall = 16;    // rows of the small operand (M or N) a call may have
+constexpr int kRowsPerWarp = 4;  // rows of the big operand a warp computes
+constexpr int kWarps = 4;        // warps per block
+
+// Where a call's operands and result are, as small x big: C's element for
+// small row i and big row j is c[i * c_small + j * c_big] (the bias's likewise).
+struct Params {
+    const void* small;
+    const void* big;
+    void* c;
+    const void* bias;
+    int64_t ld_small, ld_big, c_small, c_big, bias_small, bias_big;
+    int small_rows, big_rows, k;
+    float alpha, beta;
+};
+
+// 8 consecutive elements at p (16 bytes, aligned) as floats.
+template <class E>
+__device__ inline void load8(const E* p, float out[8]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        float2 pair;
+        if constexpr (std::is_same_v<E, cutlass::bfloat16_t>) {
+            pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+        } else {
+            pair = __half22float2(*reinterpret_cast<const __half2*>(&words[w]));
+        }
+        out[2 * w] = pair.x;
+        out[2 * w + 1] = pair.y;
+    }
+}
+
+template <Activation A>
+__device__ inline float activate(float v) {
+    if constexpr (A == Activation::relu) return fmaxf(v, 0.0f);
+    if constexpr (A == Activation::gelu) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if constexpr (A == Activation::silu) return v / (1.0f + __expf(-v));
+    return v;
+}
+
+// One warp: rows [first, first + kRowsPerWarp) of the big operand against every
+// row of the small one. Vec: 16-byte loads (rows aligned, K a multiple of 8).
+template <class EIn, class EOut, Bias B, Activation A, bool Vec>
+__global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
+    const int lane = threadIdx.x & 31;
+    const int first = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
+    if (first >= p.big_rows) return;
+    const EIn* small = static_cast<const EIn*>(p.small);
+    const EIn* big = static_cast<const EIn*>(p.big);
+    float acc[kRowsPerWarp][kMaxSmall] = {};
+    if constexpr (Vec) {
+        for (int k0 = lane * 8; k0 < p.k; k0 += 32 * 8) {
+            float b[kRowsPerWarp][8];
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) {
+                if (first + r < p.big_rows) {
+                    load8(big + (first + r) * p.ld_big + k0, b[r]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) b[r][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kMaxSmall; ++i) {
+                if (i >= p.small_rows) break;
+                float a[8];
+                load8(small + i * p.ld_small + k0, a);
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(a[e], b[r][e], acc[r][i]);
+            }
+        }
+    } else {
+        for (int k0 = lane; k0 < p.k; k0 += 32) {
+            float b[kRowsPerWarp];
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r)
+                b[r] = first + r < p.big_rows ? float(big[(first + r) * p.ld_big + k0]) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < kMaxSmall; ++i) {
+                if (i >= p.small_rows) break;
+                const float a = float(small[i * p.ld_small + k0]);
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] = fmaf(a, b[r], acc[r][i]);
+            }
+        }
+    }
+    EOut* c = static_cast<EOut*>(p.c);
+    const EOut* bias = static_cast<const EOut*>(p.bias);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int i = 0; i < kMaxSmall; ++i) {
+            float v = acc[r][i];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+            const int j = first + r;
+            if (i < p.small_rows && j < p.big_rows && lane == ((r * kMaxSmall + i) & 31)) {
+                EOut* out = c + i * p.c_small + j * p.c_big;
+                float d = p.alpha * v;
+                if (p.beta != 0.0f) d += p.beta * float(*out);
+                if constexpr (B != Bias::none) d += float(bias[i * p.bias_small + j * p.bias_big]);
+                *out = EOut(activate<A>(d));
+            }
+        }
+    }
+}
+
+// The call: which operand is small, the 16-byte path where every row
+// allows it, one launch on the call's stream; -2 for a problem it does
+// not take (both M and N above kMaxSmall, a batch, fp8 scales).
+template <class T, Bias B, Activation A>
+int run(const dispatcher_gemm_args* a) {
+    static_assert(T::kARow && !T::kBRow && T::kCRow, "the gemv schedule reads A and B along K (layout rcr)");
+    using EIn = typename T::ElementA;
+    using EOut = typename T::ElementC;
+    check_args<T>(a);
+    if (a->batch > 1) throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule runs one GEMM per launch");
+    if ((a->scale_a != 0.0 && a->scale_a != 1.0) || (a->scale_b != 0.0 && a->scale_b != 1.0))
+        throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule takes no input scales");
+    const bool small_a = a->m <= kMaxSmall;
+    if (!small_a && a->n > kMaxSmall)
+        throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule takes M or N up to 16");
+    Params p{};
+    const dispatcher_operand none{nullptr, 0, 0, 0};
+    const dispatcher_operand& bias = B != Bias::none && a->extra_count > 0 && a->extra ? a->extra[0] : none;
+    if (B != Bias::none && !bias.data)
+        throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
+    p.c = a->c;
+    p.bias = bias.data;
+    p.k = int(a->k);
+    p.alpha = float(a->alpha);
+    p.beta = float(a->beta);
+    if (small_a) {  // C[m][n]: small row m of A, big row n of B (column-major: B's column n)
+        p.small = a->a, p.ld_small = a->lda, p.big = a->b, p.ld_big = a->ldb;
+        p.small_rows = int(a->m), p.big_rows = int(a->n);
+        p.c_small = a->ldc, p.c_big = 1, p.bias_small = bias.row_stride, p.bias_big = bias.col_stride;
+    } else {  // C[m][n]: small row n of B^T, big row m of A
+        p.small = a->b, p.ld_small = a->ldb, p.big = a->a, p.ld_big = a->lda;
+        p.small_rows = int(a->n), p.big_rows = int(a->m);
+        p.c_small = 1, p.c_big = a->ldc, p.bias_small = bias.col_stride, p.bias_big = bias.row_stride;
+    }
+    const auto aligned = [](const void* x, int64_t ld) {
+        return reinterpret_cast<uintptr_t>(x) % 16 == 0 && (ld * int64_t(sizeof(EIn))) % 16 == 0;
+    };
+    const bool vec = a->k % 8 == 0 && aligned(p.small, p.ld_small) && aligned(p.big, p.ld_big);
+    const int rows_per_block = kWarps * kRowsPerWarp;
+    const dim3 grid((p.big_rows + rows_per_block - 1) / rows_per_block);
+    const auto stream = static_cast<cudaStream_t>(a->stream);
+    if (vec)
+        kernel<EIn, EOut, B, A, true><<<grid, kWarps * 32, 0, stream>>>(p);
+    else
+        kernel<EIn, EOut, B, A, false><<<grid, kWarps * 32, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "gemv kernel launch");
+    return DISPATCHER_OK;
+}
+
+}  // namespace gemv
+}  // namespace dcuda
