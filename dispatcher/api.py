@@ -249,9 +249,11 @@ class HeldPlan:
 
     def __call__(self, *operands, **arguments):
         native = self.native
-        if native:  # None: not arrays of the plan's key, or stale
-            result = native(*operands) if not arguments else \
-                native(*(self._planned_arrays(operands, arguments) or ()))
+        if native:
+            # positional in the planned order as they are (a, b: the commonest), else by name
+            arrays = operands if not arguments and self.order == self.names[:len(operands)] else \
+                self._planned_arrays(operands, arguments)
+            result = native(*arrays) if arrays is not None else None  # None: not the plan's key, or stale
             if result is not None:
                 return result
         if self.key is not None:

@@ -167,7 +167,13 @@ class KernelConfig:
 
     def problems(self) -> list[str]:
         """Why this config cannot be built on its target (empty if it can)."""
-        reasons = [targets.get(self.target).check(self)]
+        target = targets.get(self.target)
+        reasons = [target.check(self)]
         from .plugins import get_manager
-        reasons.append(get_manager().variant(self.variant).check(self))
+        record = get_manager().variant(self.variant)
+        schedule = target.template_schedule(self)
+        if schedule is not None and schedule not in record.target_schedules:
+            reasons.append(f"variant {self.variant!r} has no {schedule} kernel (its template does not implement "
+                           f"the {self.target} target's {schedule} schedule)")
+        reasons.append(record.check(self))
         return [r for r in reasons if r]

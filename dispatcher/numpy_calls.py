@@ -65,7 +65,8 @@ def launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     specs = tuple((x.shape, x.strides, x.dtype) for x in arrays)
 
     def make(module, found):
-        if found.batch or found.extra or len(arrays) != 2 + found.out:
+        if found.batch or found.extra or len(arrays) != 2 + found.out or \
+                (found.out and arrays[-1].dtype is not np.dtype(found.dtype)):  # an equal dtype of another object
             return False
         return module.Launch(specs, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype),
                              found.check)

@@ -147,9 +147,10 @@ class VariantRecord:
     packs_a_once: its kernels pack all of A once per call where their
         target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
         not once per tile: the occupancy model counts A's packing so.
-    target_schedules: the schedules beyond a target's tiled ones that its
-        templates implement (cuda: "gemv", dispatcher/native/cuda/gemv.hpp);
-        the target refuses them to every other variant.
+    target_schedules: the schedules of a target that its templates
+        implement themselves (the target's `template_schedule`; cuda: "gemv",
+        dispatcher/native/cuda/gemv.hpp); configs of them are refused to
+        every other variant.
     operands: the problem kind as data (`dispatcher.kinds.Operand`s: a, b,
         out and any extra operands such as a bias); a variant that declares
         them runs through `dispatcher.run(variant, **operands, **params)`.

@@ -30,7 +30,8 @@ class Estimate:
 
     @property
     def key(self) -> tuple:
-        return (self.tier, self.value, self.config.name)
+        # an infinite estimate (a kernel that cannot run the problem) after every tier's finite ones
+        return (math.isinf(self.value), self.tier, self.value, self.config.name)
 
 
 def estimate(problem, config, record) -> Estimate:

@@ -33,7 +33,6 @@ from . import targets
 from .config import KernelConfig
 from .errors import DispatcherError
 from .files import read_json
-from .plugins import get_manager
 from .problem import unmet_fields
 
 _SCHEMA = """
@@ -160,9 +159,8 @@ class TuningDatabase:
         fixed = dict(getattr(problem, "fixed", ()))  # the values the call fixes away from the defaults
         if found is not None or not fixed:
             return found
-        defaults = {o.name: o.default for o in get_manager().variant(problem.variant).options}
-        plain = attrs.evolve(problem, fixed=(), options=tuple((k, defaults[k] if k in fixed else v)
-                                                              for k, v in problem.options))
+        # the problem without those values: its key is the plain problem's, and any winner's config fits it
+        plain = attrs.evolve(problem, fixed=(), options=tuple((k, v) for k, v in problem.options if k not in fixed))
         found = self._winner(plain)
         if found is None:
             return None
@@ -170,7 +168,8 @@ class TuningDatabase:
             config = found.config.replace(**fixed)
         except DispatcherError:
             return None
-        return None if config.problems() else attrs.evolve(found, config=config, epilogue=True)
+        # not exact: autotune (`has`) still measures the problem itself
+        return None if config.problems() else attrs.evolve(found, config=config, epilogue=True, exact=False)
 
     def _winner(self, problem) -> "Winner | None":
         """`winner`'s lookup of `problem` as it is."""

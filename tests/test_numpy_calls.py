@@ -122,6 +122,28 @@ def test_calls_into_an_output_run_in_c_and_are_right(built, entry):
         assert held.native  # a held plan calls its own launch
 
 
+def test_a_held_plans_third_positional_array_is_c_never_the_planned_out(built):
+    """A plan made with an out runs (a, b, out=out) natively; (a, b, x) names
+    x as c, which the plan was not made with: refused, x left as it was; an
+    out of an equal dtype object that is not numpy's own runs the Python way."""
+    import pickle
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    out = np.full((16, 16), np.nan, np.float32)
+    held = dispatcher.plan(a=a, b=b, out=out)
+    for _ in range(2):
+        assert held(a, b, out=out) is out
+    assert held.native
+    x = np.full((16, 16), np.nan, np.float32)
+    with pytest.raises(dispatcher.errors.ProblemError, match="do not match the plan"):
+        held(a, b, x)
+    assert np.isnan(x).all()
+    other = pickle.loads(pickle.dumps(np.full((16, 16), np.nan, np.float32)))
+    assert other.dtype == np.float32 and other.dtype is not np.dtype(np.float32)
+    for _ in range(2):
+        assert dispatcher.gemm(a, b, out=other) is other
+        assert max_rel(other, reference(a, b)) <= TOL["fp32"]
+
+
 def test_an_output_the_kernel_must_not_write_goes_the_python_way_and_is_refused(built):
     """An output of a learned kind that overlaps an operand or is read-only:
     C hands it back, and the Python way raises what it always did; one of

@@ -111,6 +111,21 @@ def test_the_gemv_schedule_is_checked_named_and_ranked_by_its_bandwidth_estimate
         assert wide["ranked"][-1]["kernel"] == gemv().name  # it cannot run it: last
 
 
+def test_a_kernel_that_cannot_run_a_problem_ranks_after_every_other(monkeypatch):
+    """The gemv kernel's infinite estimate on a wide problem ranks it last
+    even where NVIDIA's model knows no config (all of them on the occupancy
+    model's tier)."""
+    from dispatcher import selection
+    from dispatcher.plugins import get_manager
+    monkeypatch.setattr(cuda_model, "estimate_us", lambda *args, **kw: None)
+    problem = GemmProblem(4096, 4096, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
+    d = Dispatcher()
+    candidates, _ = d.default_configs(problem)
+    ranked = selection.rank(problem, candidates, get_manager().variant("regular"))
+    assert ranked[-1].config.target_params["schedule"] == "gemv" and math.isinf(ranked[-1].value)
+    assert all(e.tier == 1 for e in ranked[:-1])
+
+
 def test_explain_gives_the_reason_for_each_rejected_config():
     found = explain("--target", "cuda", "--dtype", "fp8_e4m3", "--layout", "rrr", "--m", "64", "--n", "64",
                     "--k", "64")

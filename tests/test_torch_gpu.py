@@ -315,6 +315,8 @@ def test_gemm_into_an_out_on_cuda_tensors_runs_in_cpp_and_is_right():
             assert call() is out
             assert rel(out, a.double() @ b.double()) <= BF16, step
     assert native._PRODUCTS[0].hits() - hits == 2 and held.native
+    assert held(a, b, out=out, alpha=2.0) is out  # new scalars: the Python way (not the native launch's)
+    assert rel(out, 2.0 * (a.double() @ b.double())) <= BF16
     whole = torch.empty(256 * 320, device="cuda", dtype=torch.bfloat16)
     inside = whole.view(256, 320)  # a's key, and an out of the learned kind within its bytes
     inside.copy_(a)

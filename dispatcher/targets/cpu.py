@@ -274,6 +274,10 @@ class CpuTarget:
 
     model_name = "none"
 
+    def template_schedule(self, config) -> str | None:
+        """None: every cpu schedule is the tile library's."""
+        return None
+
     def model_name_of(self, config) -> str:
         """What estimates `config`: nothing of the target's own (`model_estimate`)."""
         return self.model_name

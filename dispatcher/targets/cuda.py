@@ -273,6 +273,12 @@ class CudaTarget:
     def model_name(self) -> str:
         return cuda_model.NAME
 
+    def template_schedule(self, config) -> str | None:
+        """The schedule of `config` that a variant's own template must
+        implement ("gemv": its kernel is not a CUTLASS instance), or None;
+        the core refuses it to variants whose record does not list it."""
+        return "gemv" if config.target_params["schedule"] == "gemv" else None
+
     def model_name_of(self, config) -> str:
         """What estimates `config` (`model_estimate`): NVIDIA's model, or for
         the gemv schedule its bandwidth estimate."""
@@ -358,11 +364,9 @@ GEMV_MODEL = "gemv bandwidth estimate"
 
 
 def _gemv_check(config) -> str | None:
-    """Why a config of the gemv schedule cannot be built, or None."""
-    from ..plugins import get_manager  # the variant's record: whether its template runs the schedule
+    """Why a config of the gemv schedule cannot be built, or None (whether
+    its variant's template implements the schedule: `template_schedule`)."""
     o = config.target_params
-    if "gemv" not in get_manager().variant(config.variant).target_schedules:
-        return f"variant {config.variant!r} has no gemv kernel (its template does not implement the schedule)"
     if config.layout != "rcr":
         return "the gemv schedule reads A and B along K: layout rcr"
     if dtypes.get(config.dtype_a).is_float8:

@@ -158,12 +158,13 @@ def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     `gemm(a, b)`, `gemm(a, b, out=out)` and `matmul` on CUDA tensors, a held
     plan's calls; `native_module.Launches.make`): no autograd, as on the
     Python way. False for a bias that is not one value per column (1-D), and
-    for an output that is not a row-major matrix or comes with a bias or an
-    activation (the Python way runs those)."""
+    for an output that is not a plain row-major matrix (or wants a gradient)
+    or comes with a bias or an activation (the Python way runs those)."""
     into = arrays[2] if len(arrays) > 2 and order[-1] == plan.names.get("out") else None
     bias = arrays[2] if len(arrays) > 2 and into is None else None
     if (bias is not None and bias.dim() != 1) or \
-            (into is not None and (len(arrays) > 3 or activation is not None or into.dim() != 2 or not _row_major(into))):
+            (into is not None and (len(arrays) > 3 or activation is not None or into.dim() != 2 or not _row_major(into)
+                                   or into.requires_grad or into.is_neg() or into.is_conj())):
         return False
     return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(
         arrays[0], arrays[1], bias, activation or "", _spec(found), into))

@@ -435,7 +435,8 @@ class Products {
             if (p->fits(key, std::string(), /*into=*/true)) {
                 const std::shared_ptr<const Product> held = p;  // kept while the kernel runs without the GIL
                 py::object result = held->call(a, b, &out);
-                if (!result.is_none()) ++hits_;
+                if (result.is_none()) continue;  // an out of another alignment class: maybe the next one's
+                ++hits_;
                 return result;
             }
         return py::none();

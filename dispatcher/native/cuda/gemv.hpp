@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
     const EIn* big = static_cast<const EIn*>(p.big);
     float acc[kRowsPerWarp][kMaxSmall] = {};
     if constexpr (Vec) {
-        for (int k0 = lane * 8; k0 < p.k; k0 += 32 * 8) {
+        for (int64_t k0 = lane * 8; k0 < p.k; k0 += 32 * 8) {
             float b[kRowsPerWarp][8];
 #pragma unroll
             for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
             }
         }
     } else {
-        for (int k0 = lane; k0 < p.k; k0 += 32) {
+        for (int64_t k0 = lane; k0 < p.k; k0 += 32) {
             float b[kRowsPerWarp];
 #pragma unroll
             for (int r = 0; r < kRowsPerWarp; ++r)
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
 
 // The call: which operand is small, the 16-byte path where every row
 // allows it, one launch on the call's stream; -2 for a problem it does
-// not take (both M and N above kMaxSmall, a batch, fp8 scales).
+// not take (both M and N above kMaxSmall, a batch).
 template <class T, Bias B, Activation A>
 int run(const dispatcher_gemm_args* a) {
     static_assert(T::kARow && !T::kBRow && T::kCRow, "the gemv schedule reads A and B along K (layout rcr)");
@@ -139,8 +139,6 @@ int run(const dispatcher_gemm_args* a) {
     using EOut = typename T::ElementC;
     check_args<T>(a);
     if (a->batch > 1) throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule runs one GEMM per launch");
-    if ((a->scale_a != 0.0 && a->scale_a != 1.0) || (a->scale_b != 0.0 && a->scale_b != 1.0))
-        throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule takes no input scales");
     const bool small_a = a->m <= kMaxSmall;
     if (!small_a && a->n > kMaxSmall)
         throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule takes M or N up to 16");
@@ -152,7 +150,8 @@ int run(const dispatcher_gemm_args* a) {
     p.c = a->c;
     p.bias = bias.data;
     p.k = int(a->k);
-    p.alpha = float(a->alpha);
+    const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
+    p.alpha = float(a->alpha * scale);  // per-tensor scales folded into alpha, as apply_abi2 does
     p.beta = float(a->beta);
     if (small_a) {  // C[m][n]: small row m of A, big row n of B (column-major: B's column n)
         p.small = a->a, p.ld_small = a->lda, p.big = a->b, p.ld_big = a->ldb;
@@ -168,7 +167,7 @@ int run(const dispatcher_gemm_args* a) {
     };
     const bool vec = a->k % 8 == 0 && aligned(p.small, p.ld_small) && aligned(p.big, p.ld_big);
     const int rows_per_block = kWarps * kRowsPerWarp;
-    const dim3 grid((p.big_rows + rows_per_block - 1) / rows_per_block);
+    const dim3 grid(unsigned((int64_t(p.big_rows) + rows_per_block - 1) / rows_per_block));
     const auto stream = static_cast<cudaStream_t>(a->stream);
     if (vec)
         kernel<EIn, EOut, B, A, true><<<grid, kWarps * 32, 0, stream>>>(p);
