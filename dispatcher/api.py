@@ -249,23 +249,19 @@ class HeldPlan:
 
     def __call__(self, *operands, **arguments):
         native = self.native
-        if native:
-            # positional in the planned order as they are (a, b: the commonest), else by name
-            arrays = operands if not arguments and self.order == self.names[:len(operands)] else \
-                self._planned_arrays(operands, arguments)
-            result = native(*arrays) if arrays is not None else None  # None: not the plan's key, or stale
+        arrays = self._planned_arrays(operands, arguments) if self.key is not None else None
+        if native and arrays is not None:
+            result = native(*arrays)  # None: not arrays of the plan's key, or stale
             if result is not None:
                 return result
-        if self.key is not None:
-            arrays = self._planned_arrays(operands, arguments)
-            if arrays is not None and operands_key(*arrays) == self.key:
-                runner = self.runner()
-                if runner is not None:
-                    if (native is None or (native and not native.current)) \
-                            and self.order[2:] in ((), (self.plan.names.get("out"),)):
-                        self.native = _native_launch(self.key, tuple(arrays), self.plan, self.order, self.scalars,
-                                                     None, self.dispatcher)[1]
-                    return runner(*arrays)
+        if arrays is not None and operands_key(*arrays) == self.key:
+            runner = self.runner()
+            if runner is not None:
+                if (native is None or (native and not native.current)) \
+                        and self.order[2:] in ((), (self.plan.names.get("out"),)):
+                    self.native = _native_launch(self.key, tuple(arrays), self.plan, self.order, self.scalars,
+                                                 None, self.dispatcher)[1]
+                return runner(*arrays)
         if len(operands) > len(self.names):
             raise ProblemError(f"the plan takes at most {len(self.names)} operands "
                                f"({', '.join(self.names)}), got {len(operands)}")

@@ -379,8 +379,8 @@ def _gemv_check(config) -> str | None:
 
 
 def gemv_estimate_us(m: int, n: int, k: int, config) -> float:
-    """Microseconds of a gemv-schedule kernel on one problem: the bytes it
-    streams (the big operand once, the small one per block from L2, C) at
+    """Microseconds of a gemv-schedule kernel on one problem: the bytes of
+    A, B and C, each counted once (the small operand's rereads hit L2), at
     HBM speed, plus a launch; infinite for a problem it does not take, so
     it ranks after every kernel that does."""
     if not (m and n and k):
