@@ -192,11 +192,13 @@ class _Tensor:
         return View((self.rows, self.cols), (self.row_stride * size, self.col_stride * size), self.dtype,
                     self.at(base, index, dims))
 
-    def layout(self, what: str) -> tuple:
-        """(layout char, leading dim) its matrices are read with."""
+    def layout(self, what: str, prefer: str = "r") -> tuple:
+        """(layout char, leading dim) its matrices are read with: `prefer`
+        where both fit (a single row or column reads either way)."""
         size = self.itemsize
-        return possible_layouts(ArraySpec((self.rows, self.cols), (self.row_stride * size,
-                                          self.col_stride * size), np.dtype(f"u{size}")), what)[0]
+        found = possible_layouts(ArraySpec((self.rows, self.cols), (self.row_stride * size,
+                                           self.col_stride * size), np.dtype(f"u{size}")), what)
+        return next((f for f in found if f[0] == prefer), found[0])
 
     def at(self, base: int, index: tuple, dims: tuple) -> int:
         """The address of its matrix at outer batch `index` over batch dims
@@ -464,7 +466,11 @@ def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, n
         A, B, C = B.T, A.T, C.T
         names = [nb, na, nout]
         m, n = n, m
-    (la, lda), (lb, ldb), (_, ldc) = A.layout(na), B.layout(nb), C.layout(nout)
+    # a single column of B (a matrix times a vector) is read column-major: rcr, the layout whose K is
+    # contiguous in both operands, which the GPU's gemv schedule takes and TMA can load (a row-major
+    # K x 1 B has a leading dim of 1)
+    (la, lda), (_, ldc) = A.layout(na), C.layout(nout)
+    lb, ldb = B.layout(nb, prefer="c" if n == 1 else "r")
     given = {o.name: tensors.get(o.name) for o in extras}
     if transposed:
         given = {name: t and t.T for name, t in given.items()}

@@ -100,6 +100,19 @@ def test_transposed_inputs_are_read_as_column_major(rng):
     assert max_rel(out, reference(a, b.T)) <= dtypes.relative_tolerance("fp16", 48)
 
 
+def test_a_single_column_b_is_read_column_major(rng):
+    """A matrix times a vector runs as rcr (the GPU's gemv layout); a column
+    cut from a wider row-major matrix can only be read row-major."""
+    a = random_matrix(70, 96, "fp32", "r", rng)
+    for b, layout in ((random_matrix(96, 1, "fp32", "r", rng), "rcr"),
+                      (random_matrix(96, 5, "fp32", "r", rng)[:, 3:4], "rrr")):
+        out = poison(np.empty((70, 1), np.float32))
+        held = dispatcher.plan(a=a, b=b, out=out)
+        held(a, b, out=out)
+        assert held.plan.chosen[0].layout == layout
+        assert max_rel(out, reference(a, b)) <= 1e-5
+
+
 def test_selected_default_kernel_on_larger_problem(rng):
     a = random_matrix(300, 520, "fp32", "r", rng)
     b = random_matrix(520, 610, "fp32", "r", rng)
