@@ -48,8 +48,8 @@ def batched_configs():
         for fields in get_manager().variant(variant).default_configs("cuda", "bf16", "rrr"):
             out.append(KernelConfig.create(variant=variant, target="cuda", dtype="bf16", layout="rrr",
                                            **fields, **epilogue))
-    return list({c.name: c for c in out}.values())
-
+    # the catalog's gemv entry cannot read rrr: what the target refuses is never built
+    return list({c.name: c for c in out if not c.problems()}.values())
 
 
 def test_configs() -> list:
