@@ -386,15 +386,18 @@ class _Same:
         return self.record is other.record
 
 
-def layout(record, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool) -> Layout:
+def layout(record, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool,
+           b_layout: str | None = None) -> Layout:
     """The `Layout` of a call of `record`'s kind: specs are (operand name,
     ArraySpec or None) in declaration order; choices the checked variant
-    values; needs_c: beta != 0."""
-    return _layout(_Same(record), specs, choices, out_dtype, target, needs_c)
+    values; needs_c: beta != 0; b_layout: how to read a B that reads either
+    way (a single column), as a given config reads it ('r' or 'c')."""
+    return _layout(_Same(record), specs, choices, out_dtype, target, needs_c, b_layout)
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool) -> Layout:
+def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool,
+            b_layout: str | None) -> Layout:
     """Every shape, dtype, broadcast and layout check of a call, once."""
     record, arrays = same.record, dict(specs)
     declared = {o.name: o for o in operands_of(record)}
@@ -466,11 +469,11 @@ def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, n
         A, B, C = B.T, A.T, C.T
         names = [nb, na, nout]
         m, n = n, m
-    # a single column of B (a matrix times a vector) is read column-major: rcr, the layout whose K is
-    # contiguous in both operands, which the GPU's gemv schedule takes and TMA can load (a row-major
-    # K x 1 B has a leading dim of 1)
+    # a single column of B (a matrix times a vector) is read column-major unless a config says otherwise:
+    # rcr, the layout whose K is contiguous in both operands, which the GPU's gemv schedule takes and TMA
+    # can load (a row-major K x 1 B has a leading dim of 1)
     (la, lda), (_, ldc) = A.layout(na), C.layout(nout)
-    lb, ldb = B.layout(nb, prefer="c" if n == 1 else "r")
+    lb, ldb = B.layout(nb, prefer=b_layout or ("c" if n == 1 else "r"))
     given = {o.name: tensors.get(o.name) for o in extras}
     if transposed:
         given = {name: t and t.T for name, t in given.items()}

@@ -47,13 +47,20 @@ def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target:
     dispatcher._check_generation()
     found = dispatcher.plans.get(signature)
     if found is None:
-        layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c)
+        layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c, _b_layout(config))
         found = Plan(dispatcher, record, layout, target, specs, config, options, strict, autotune)
         found.alignment = signature[-1]
         if config is not None and layout.problem is not None:
             found.config = dispatcher.config_matching(layout.problem, config)  # a clear error before any build
         dispatcher.plans[signature] = found
     return found
+
+
+def _b_layout(config) -> str | None:
+    """How a given config (a KernelConfig or a dict of fields) reads B, for
+    a B that reads either way; None: no config, or one that does not say."""
+    layout = config.get("layout") if isinstance(config, Mapping) else getattr(config, "layout", None)
+    return layout[1] if isinstance(layout, str) and len(layout) == 3 else None
 
 
 def _tensor_pointer(t) -> int:

@@ -111,6 +111,11 @@ def test_a_single_column_b_is_read_column_major(rng):
         held(a, b, out=out)
         assert held.plan.chosen[0].layout == layout
         assert max_rel(out, reference(a, b)) <= 1e-5
+    vector = random_matrix(96, 1, "fp32", "r", rng)  # a config that reads it row-major is honoured
+    for config in (dict(SMALL, layout="rrr"), dispatcher.KernelConfig.create(dtype="fp32", layout="rrr", **SMALL)):
+        out = poison(np.empty((70, 1), np.float32))
+        dispatcher.gemm(a, vector, out=out, config=config)
+        assert max_rel(out, reference(a, vector)) <= 1e-5
 
 
 def test_selected_default_kernel_on_larger_problem(rng):

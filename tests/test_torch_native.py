@@ -472,6 +472,9 @@ def test_products_into_an_out_write_it_and_refuse_what_they_may_not_write():
     assert table.into(a, b, out[:, :19]) is None and table.into(a, b, out.double()) is None
     assert table.into(a, a[:, :20], out) is None  # another key
     assert native.product(None, (a, b, out.t()), held.plan, held.order, held.scalars, None) is False
+    # an example out overlapping an operand: no product yet (None: a later call of the key learns one)
+    assert native.product(None, (a, b_inside, whole[320:800].view(24, 20)), held.plan, held.order, held.scalars,
+                          None) is None
     wanting = torch.full((24, 20), float("nan"), requires_grad=True)
     assert native.product(None, (a, b, wanting), held.plan, held.order, held.scalars, None) is False
 

@@ -166,8 +166,20 @@ def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
             (into is not None and (len(arrays) > 3 or activation is not None or into.dim() != 2 or not _row_major(into)
                                    or into.requires_grad or into.is_neg() or into.is_conj())):
         return False
-    return _MODULE.launch(plan, order, scalars, lambda module, found: module.Product(
-        arrays[0], arrays[1], bias, activation or "", _spec(found), into))
+    return _MODULE.launch(plan, order, scalars, lambda module, found: _product(module, found, arrays, bias,
+                                                                              activation, into))
+
+
+def _product(module, found, arrays: tuple, bias, activation, into):
+    """The module's Product of `found`; None where the example out overlaps
+    an operand (the C++ `fits_out`; the call then runs the Python way, which
+    refuses it), so that a later call of the key learns it."""
+    try:
+        return module.Product(arrays[0], arrays[1], bias, activation or "", _spec(found), into)
+    except ValueError:
+        if into is None:
+            raise
+        return None
 
 
 def _forget_products():
