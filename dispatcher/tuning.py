@@ -29,7 +29,7 @@ from pathlib import Path
 
 import attrs
 
-from . import targets
+from . import dtypes, targets
 from .config import KernelConfig
 from .errors import DispatcherError
 from .files import read_json
@@ -86,12 +86,32 @@ class Winner:
     problem: str
     shipped: bool
     exact: bool
-    epilogue: bool = False  # the winner's block tiles with this problem's fused epilogue
+    adapted: str = ""  # what of this problem's the winner's tiles run with (its epilogue, its output dtype)
 
     def __str__(self):
-        epilogue = ", with this problem's epilogue" if self.epilogue else ""
+        adapted = f", with {self.adapted}" if self.adapted else ""
         return (f"{self.config.name} ({'shipped' if self.shipped else 'own'} winner of "
-                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem}{epilogue})")
+                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem}{adapted})")
+
+
+def _relaxed(problem) -> list:
+    """[(a problem like `problem` whose winner may serve it, the config
+    fields that make that winner's config `problem`'s, what they are)]:
+    without its fused epilogue, with its input's default output, both."""
+    fixed = dict(getattr(problem, "fixed", ()))  # the values the call fixes away from the defaults
+    plain = attrs.evolve(problem, fixed=(), options=tuple((k, v) for k, v in problem.options
+                                                          if k not in fixed)) if fixed else None
+    default_out = dtypes.output_for(problem.dtype).token
+    out = {"dtype_c": problem.out_dtype} if default_out != problem.out_dtype else None
+    epilogue, output = "this problem's epilogue", f"this problem's {problem.out_dtype} output"
+    found = []
+    if plain is not None:
+        found.append((plain, fixed, epilogue))
+    if out:
+        found.append((attrs.evolve(problem, out_dtype=default_out), out, output))
+    if plain is not None and out:
+        found.append((attrs.evolve(plain, out_dtype=default_out), {**fixed, **out}, f"this problem's epilogue and {problem.out_dtype} output"))
+    return found
 
 
 class TuningDatabase:
@@ -150,26 +170,27 @@ class TuningDatabase:
         (the user's own, where any is that near). Equally near neighbours
         whose winners disagree leave it to the selection model (1024^3
         between grid shapes of 512 and 2048: their four winners ran up to
-        13% slower than the model's pick on the H100). A problem with a
-        fused epilogue (bias, activation) that no winner of its own
-        decides takes the plain problem's winner with its epilogue: the
-        epilogue runs once per output element, after the main loop the
-        tiles were tuned for (the shipped sweeps tune plain GEMMs)."""
+        13% slower than the model's pick on the H100). A problem that no
+        winner of its own decides takes, in `_relaxed` order, the winner of
+        the same problem without its fused epilogue (bias, activation: it
+        runs once per output element, after the main loop the tiles were
+        tuned for), or with its input's default output dtype (the output
+        only changes the epilogue's stores), with what differs set back
+        (the shipped sweeps tune plain GEMMs with default outputs)."""
         found = self._winner(problem)
-        fixed = dict(getattr(problem, "fixed", ()))  # the values the call fixes away from the defaults
-        if found is not None or not fixed:
+        if found is not None:
             return found
-        # the problem without those values: its key is the plain problem's, and any winner's config fits it
-        plain = attrs.evolve(problem, fixed=(), options=tuple((k, v) for k, v in problem.options if k not in fixed))
-        found = self._winner(plain)
-        if found is None:
-            return None
-        try:
-            config = found.config.replace(**fixed)
-        except DispatcherError:
-            return None
-        # not exact: autotune (`has`) still measures the problem itself
-        return None if config.problems() else attrs.evolve(found, config=config, epilogue=True, exact=False)
+        for relaxed, fields, what in _relaxed(problem):
+            found = self._winner(relaxed)
+            if found is None:
+                continue
+            try:
+                config = found.config.replace(**fields)
+            except DispatcherError:
+                continue
+            if not config.problems():  # not exact: autotune (`has`) still measures the problem itself
+                return attrs.evolve(found, config=config, adapted=what, exact=False)
+        return None
 
     def _winner(self, problem) -> "Winner | None":
         """`winner`'s lookup of `problem` as it is."""

@@ -57,6 +57,21 @@ def test_explain_skinny_and_large_problems_choose_different_tiles():
     assert "_64x" in skinny["chosen"]  # a 64-row tile for M = 16
 
 
+def test_the_fp8_catalogs_leave_out_tiles_whose_two_accumulators_spill():
+    """fp8 kernels hold a second fp32 accumulator per warp group: the
+    catalogs keep tiles of at most 64x128 per consumer warp group for fp8
+    (128x128 cooperative, 64x128 ping-pong) in every variant, and bf16
+    keeps its large tiles."""
+    for variant in ("regular", "stream_k", "grouped"):
+        fp8 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "fp8_e4m3", "fp16", "rcr", variant, "cuda"))
+        bf16 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "bf16", "bf16", "rcr", variant, "cuda"))
+        assert fp8 and all(c.tile_m * c.tile_n <= (128 * 128 if c.target_params["schedule"] == "cooperative"
+                                                    else 64 * 128) for c in fp8), [c.name for c in fp8]
+        assert any(c.tile_m * c.tile_n > 128 * 128 for c in bf16), variant
+    assert targets.cuda.fp8_fits(dict(tile_m=128, tile_n=128, schedule="cooperative"))
+    assert not targets.cuda.fp8_fits(dict(tile_m=64, tile_n=256, schedule="pingpong"))
+
+
 def test_a_cuda_configs_raster_order_is_in_its_name_source_and_model_estimate():
     """along_m / along_n are named (`_rm`, `_rn`), compiled in as
     dcuda::schedule's kRaster and given to the model as its CTA order; the
@@ -98,9 +113,10 @@ def test_the_gemv_schedule_is_checked_named_and_ranked_by_its_bandwidth_estimate
         assert any(reason in p for p in gemv(**kw).problems()), (kw, gemv(**kw).problems())
     assert "#define DCUDA_GEMV 1" in Dispatcher().codegen(gemv()).files[0][1]
     assert cuda.gemv_estimate_us(17, 17, 4096, gemv()) == math.inf
-    # M = 8: the big operand (N x K bf16) once, the small one, C
+    # M = 8: the big operand (N x K bf16) and C once from HBM, the small one once per block of 4 rows from L2
     assert cuda.gemv_estimate_us(8, 2048, 8192, gemv()) == pytest.approx(
-        (8 + 2048) * 8192 * 2 / cuda.GEMV_BYTES_PER_US + 8 * 2048 * 2 / cuda.GEMV_BYTES_PER_US + cuda.GEMV_LAUNCH_US)
+        (2048 * 8192 * 2 + 8 * 2048 * 2) / cuda.GEMV_BYTES_PER_US + 512 * 8 * 8192 * 2 / cuda.GEMV_L2_BYTES_PER_US
+        + cuda.GEMV_LAUNCH_US)
     assert cuda.gemv_estimate_us(2047, 1, 4096, gemv()) == cuda.gemv_estimate_us(1, 2047, 4096, gemv())
     if cuda_model.available():
         found = explain("--target", "cuda", "--dtype", "bf16", "--m", "2047", "--n", "1", "--k", "4096")

@@ -354,12 +354,37 @@ def test_a_fused_epilogue_problem_takes_the_plain_problems_winner_with_its_epilo
     db.record(KindProblem(*shape, (("activation", "none"), ("bias", "none")), ()), won, 1.0)
     fused = KindProblem(*shape, (("activation", "relu"), ("bias", "col")), (("activation", "relu"), ("bias", "col")))
     found = db.winner(fused)
-    assert found.config == won.replace(activation="relu", bias="col") and found.epilogue and not found.exact
+    assert found.config == won.replace(activation="relu", bias="col") and found.adapted == "this problem's epilogue" and not found.exact
     assert "with this problem" in str(found) and not db.has(fused)  # autotune still measures it
     assert db.winner(KindProblem(900, 200, 100, *shape[3:], fused.options, fused.fixed)) is None  # 3x M: too far
     own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32, activation="relu", bias="col")
     db.record(fused, own, 1.0)
-    assert db.lookup(fused) == own and not db.winner(fused).epilogue and db.has(fused)
+    assert db.lookup(fused) == own and not db.winner(fused).adapted and db.has(fused)
+
+
+def test_a_problem_with_another_output_dtype_takes_the_default_outputs_winner(tmp_path):
+    """fp8 in, bf16 out (torch._scaled_mm's usual output) with no winner of
+    its own gets the tiles of the fp8 -> fp16 winner (the dtype's default
+    output, which the shipped sweeps tune), writing bf16; with a fused
+    epilogue too; its own winner comes first."""
+    from dispatcher.kinds import KindProblem
+    db = TuningDatabase(tmp_path / "own.sqlite", shipped=False)
+    won = dispatcher.KernelConfig.create(target="cuda", dtype="fp8_e4m3", layout="rcr", tile_m=128, tile_n=128,
+                                         tile_k=128, cluster_m=1, cluster_n=2)
+    assert won.dtype_c == "fp16"
+    db.record(GemmProblem(4096, 4096, 4096, "fp8_e4m3", "fp16", "rcr", "regular", "cuda"), won, 1.0)
+    bf16_out = GemmProblem(4000, 4096, 4096, "fp8_e4m3", "bf16", "rcr", "regular", "cuda")
+    found = db.winner(bf16_out)
+    assert found.config == won.replace(dtype_c="bf16") and not found.exact and "bf16 output" in str(found)
+    shape = (4096, 4096, 4096, 1, "fp8_e4m3", "bf16", "rcr", "regular", "cuda")
+    fused = KindProblem(*shape, (("activation", "relu"), ("bias", "col")), (("activation", "relu"), ("bias", "col")))
+    found = db.winner(fused)
+    assert found.config == won.replace(dtype_c="bf16", activation="relu", bias="col")
+    assert found.adapted == "this problem's epilogue and bf16 output"
+    assert db.winner(GemmProblem(4096, 4096, 4096, "fp8_e4m3", "fp32", "rcr", "regular", "cuda")).config.dtype_c == "fp32"
+    own = won.replace(dtype_c="bf16", cluster_m=2, cluster_n=1)
+    db.record(bf16_out, own, 1.0)
+    assert db.winner(bf16_out).config == own and db.winner(bf16_out).exact
 
 
 def test_a_stale_row_of_ones_own_does_not_stop_autotune(tmp_path, monkeypatch):

@@ -106,6 +106,19 @@ def detect_arch() -> str:
         return "90a"
 
 
+def fp8_fits(entry: dict) -> bool:
+    """Whether an fp8 kernel of this tile keeps its accumulators in
+    registers: CUTLASS's fp8 mainloop (without fast accumulation) adds each
+    few MMAs' partial sums into a second fp32 accumulator, so a consumer
+    warp group holds two; past 64x128 per warp group they spill (nvcc
+    -Xptxas -v, 128x256x128: 854 bytes of spill stores) and ran 2.5x
+    slower than 128x128x128 on the H100 (4096^3: 309 vs 120 us;
+    benchmarks/results/cuda_gemm_fp8_h100_<commit>.json). Cooperative tiles
+    split over two warp groups, ping-pong tiles take one each."""
+    groups = 2 if entry.get("schedule") == "cooperative" else 1
+    return entry.get("schedule") == "gemv" or entry["tile_m"] * entry["tile_n"] <= 64 * 128 * groups
+
+
 @attrs.frozen
 class Toolchain(CompilerMixin):
     compiler: str
@@ -182,8 +195,10 @@ class CudaTarget:
 
     def catalog(self, entries, dtype: str) -> list:
         """A variant's catalog entries (dicts of tile_m, tile_n, cluster,
-        schedule, ...) completed with the dtype's tile_k."""
-        return [dict(e, tile_k=self.default_tile_k(dtype)) for e in entries]
+        schedule, ...) completed with the dtype's tile_k; for fp8, those
+        whose accumulators fit its registers twice (`fp8_fits`)."""
+        fp8 = dtypes.get(dtype).is_float8
+        return [dict(e, tile_k=self.default_tile_k(dtype)) for e in entries if not fp8 or fp8_fits(e)]
 
     def check(self, config) -> str | None:
         o = config.target_params
@@ -357,8 +372,15 @@ class CudaTarget:
 
 # The gemv schedule (native/cuda/gemv.hpp): a config of it and what it runs.
 GEMV_MAX_SMALL = 16  # M or N (its kMaxSmall)
-GEMV_TILE = (16, 16)  # (tile_m, tile_n) of its configs: the small side's rows, the big side's rows per block
-GEMV_BYTES_PER_US = 2.5e6  # HBM3 bytes a microsecond that a streaming kernel reaches on an H100/H200
+GEMV_TILE = (16, 16)  # (tile_m, tile_n) of its configs: its names' tile (the kernel has its own, below)
+GEMV_ROWS_PER_BLOCK = 4  # rows of the big operand a block computes (its kRowsPerBlock)
+# What the gemv kernel streamed from HBM on the H100: 1x4096x4096 bf16 in 35 us after an L2 flush, 1.0e6
+# bytes a microsecond (benchmarks/results/cuda_gemm_h100_64b8fe4.json), measured on the kernel before it
+# split K over a block's warps, which should stream no slower: the estimate stays on the measured side
+# until the new one is measured (NVIDIA's model overestimates the tiled kernels on such problems:
+# 34 us for the 25 us 64x128 ping-pong kernel).
+GEMV_BYTES_PER_US = 1.0e6
+GEMV_L2_BYTES_PER_US = 5.5e6  # the small operand's rereads, one per block, from L2
 GEMV_LAUNCH_US = 3.0
 GEMV_MODEL = "gemv bandwidth estimate"
 
@@ -379,17 +401,19 @@ def _gemv_check(config) -> str | None:
 
 
 def gemv_estimate_us(m: int, n: int, k: int, config) -> float:
-    """Microseconds of a gemv-schedule kernel on one problem: the bytes of
-    A, B and C, each counted once (the small operand's rereads hit L2), at
-    HBM speed, plus a launch; infinite for a problem it does not take, so
-    it ranks after every kernel that does."""
+    """Microseconds of a gemv-schedule kernel on one problem: the big
+    operand and C once at its measured HBM speed, the small operand once
+    per block from L2, plus a launch; infinite for a problem it does not
+    take, so it ranks after every kernel that does."""
     if not (m and n and k):
         return 0.0
     if min(m, n) > GEMV_MAX_SMALL:
         return math.inf
+    small, big = sorted((m, n))
     size = dtypes.get(config.dtype_a).itemsize
-    moved = (m + n) * k * size + m * n * dtypes.get(config.dtype_c).itemsize
-    return moved / GEMV_BYTES_PER_US + GEMV_LAUNCH_US
+    streamed = big * k * size + m * n * dtypes.get(config.dtype_c).itemsize
+    reread = -(-big // GEMV_ROWS_PER_BLOCK) * small * k * size
+    return streamed / GEMV_BYTES_PER_US + reread / GEMV_L2_BYTES_PER_US + GEMV_LAUNCH_US
 
 
 CUDA = register(CudaTarget())

@@ -1,13 +1,16 @@
 // The cuda target's `gemv` schedule: products with M or N up to 16 (a few
 // tokens through a Linear layer, a matrix times a vector), which read one
 // big operand once and are bound by memory, not by tensor cores. A tiled
-// CUTLASS kernel gives them a few CTAs of mostly empty 64-row tiles; here
-// every warp streams kRowsPerWarp rows of the big operand with 16-byte loads,
-// multiplies them with all rows of the small operand (read through L1/L2),
-// and reduces over its lanes, so the grid has one warp per few output rows
-// and every SM streams. Both operands are read along K (layout rcr); C is
-// written by the fused epilogue D = act(alpha * acc + beta * C + bias), as
-// the CUTLASS kernels' (cutlass_common.hpp `Epilogue`), accumulating in fp32.
+// CUTLASS kernel gives them a few CTAs of mostly empty 64-row tiles; here a
+// block computes kRowsPerBlock rows of the big operand against every row of
+// the small one, its kWarps warps splitting K between them (16-byte loads,
+// the small operand's rows read through L1/L2) and summing their partials in
+// shared memory, so that even a few thousand rows give every SM many warps
+// of loads in flight. Kernels are instantiated for 1, 4 and 16 small rows
+// (their accumulators in registers: a matrix times a vector keeps few).
+// Both operands are read along K (layout rcr); C is written by the fused
+// epilogue D = act(alpha * acc + beta * C + bias), as the CUTLASS kernels'
+// (cutlass_common.hpp `Epilogue`), accumulating in fp32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,9 +21,9 @@
 namespace dcuda {
 namespace gemv {
 
-constexpr int kMaxSmall = 16;    // rows of the small operand (M or N) a call may have
-constexpr int kRowsPerWarp = 4;  // rows of the big operand a warp computes
-constexpr int kWarps = 4;        // warps per block
+constexpr int kMaxSmall = 16;     // rows of the small operand (M or N) a call may have
+constexpr int kRowsPerBlock = 4;  // rows of the big operand a block computes
+constexpr int kWarps = 8;         // warps per block, each a share of K
 
 // Where a call's operands and result are, as small x big: C's element for
 // small row i and big row j is c[i * c_small + j * c_big] (the bias's likewise).
@@ -60,73 +63,90 @@ __device__ inline float activate(float v) {
     return v;
 }
 
-// One warp: rows [first, first + kRowsPerWarp) of the big operand against every
-// row of the small one. Vec: 16-byte loads (rows aligned, K a multiple of 8).
-template <class EIn, class EOut, Bias B, Activation A, bool Vec>
+// One block: rows [first, first + kRowsPerBlock) of the big operand against
+// the small operand's rows (at most S). Each warp sums its share of K (Vec:
+// 16-byte loads, rows aligned and K a multiple of 8; else one element a
+// lane), reduces over its lanes, and leaves its partials in shared memory;
+// a thread per output element adds the warps' partials and applies the epilogue.
+template <class EIn, class EOut, Bias B, Activation A, bool Vec, int S>
 __global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
-    const int lane = threadIdx.x & 31;
-    const int first = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
-    if (first >= p.big_rows) return;
+    __shared__ float partial[kWarps][kRowsPerBlock][S];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int first = blockIdx.x * kRowsPerBlock;
+    const int rows = min(kRowsPerBlock, p.big_rows - first);
     const EIn* small = static_cast<const EIn*>(p.small);
-    const EIn* big = static_cast<const EIn*>(p.big);
-    float acc[kRowsPerWarp][kMaxSmall] = {};
+    const EIn* big = static_cast<const EIn*>(p.big) + first * p.ld_big;
+    float acc[kRowsPerBlock][S] = {};
     if constexpr (Vec) {
-        for (int64_t k0 = lane * 8; k0 < p.k; k0 += 32 * 8) {
-            float b[kRowsPerWarp][8];
+        for (int64_t k0 = (warp * 32 + lane) * 8; k0 < p.k; k0 += kWarps * 32 * 8) {
+            float b[kRowsPerBlock][8];
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) {
-                if (first + r < p.big_rows) {
-                    load8(big + (first + r) * p.ld_big + k0, b[r]);
+            for (int r = 0; r < kRowsPerBlock; ++r) {
+                if (r < rows) {
+                    load8(big + r * p.ld_big + k0, b[r]);
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; ++e) b[r][e] = 0.0f;
                 }
             }
 #pragma unroll
-            for (int i = 0; i < kMaxSmall; ++i) {
+            for (int i = 0; i < S; ++i) {
                 if (i >= p.small_rows) break;
                 float a[8];
                 load8(small + i * p.ld_small + k0, a);
 #pragma unroll
-                for (int r = 0; r < kRowsPerWarp; ++r)
+                for (int r = 0; r < kRowsPerBlock; ++r)
 #pragma unroll
                     for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(a[e], b[r][e], acc[r][i]);
             }
         }
     } else {
-        for (int64_t k0 = lane; k0 < p.k; k0 += 32) {
-            float b[kRowsPerWarp];
+        for (int64_t k0 = warp * 32 + lane; k0 < p.k; k0 += kWarps * 32) {
+            float b[kRowsPerBlock];
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r)
-                b[r] = first + r < p.big_rows ? float(big[(first + r) * p.ld_big + k0]) : 0.0f;
+            for (int r = 0; r < kRowsPerBlock; ++r) b[r] = r < rows ? float(big[r * p.ld_big + k0]) : 0.0f;
 #pragma unroll
-            for (int i = 0; i < kMaxSmall; ++i) {
+            for (int i = 0; i < S; ++i) {
                 if (i >= p.small_rows) break;
                 const float a = float(small[i * p.ld_small + k0]);
 #pragma unroll
-                for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] = fmaf(a, b[r], acc[r][i]);
+                for (int r = 0; r < kRowsPerBlock; ++r) acc[r][i] = fmaf(a, b[r], acc[r][i]);
             }
         }
     }
-    EOut* c = static_cast<EOut*>(p.c);
-    const EOut* bias = static_cast<const EOut*>(p.bias);
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
+    for (int r = 0; r < kRowsPerBlock; ++r) {
 #pragma unroll
-        for (int i = 0; i < kMaxSmall; ++i) {
+        for (int i = 0; i < S; ++i) {
             float v = acc[r][i];
 #pragma unroll
             for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-            const int j = first + r;
-            if (i < p.small_rows && j < p.big_rows && lane == ((r * kMaxSmall + i) & 31)) {
-                EOut* out = c + i * p.c_small + j * p.c_big;
-                float d = p.alpha * v;
-                if (p.beta != 0.0f) d += p.beta * float(*out);
-                if constexpr (B != Bias::none) d += float(bias[i * p.bias_small + j * p.bias_big]);
-                *out = EOut(activate<A>(d));
-            }
+            if (lane == 0) partial[warp][r][i] = v;
         }
     }
+    __syncthreads();
+    const int r = threadIdx.x / S, i = threadIdx.x % S;
+    if (r >= rows || r >= kRowsPerBlock || i >= p.small_rows) return;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[w][r][i];
+    const int64_t j = first + r;
+    EOut* out = static_cast<EOut*>(p.c) + i * p.c_small + j * p.c_big;
+    float d = p.alpha * v;
+    if (p.beta != 0.0f) d += p.beta * float(*out);
+    if constexpr (B != Bias::none) d += float(static_cast<const EOut*>(p.bias)[i * p.bias_small + j * p.bias_big]);
+    *out = EOut(activate<A>(d));
+}
+
+// One launch of the kernel for `small_rows` small rows: its smallest instance that holds them.
+template <class EIn, class EOut, Bias B, Activation A, bool Vec>
+void launch(const Params& p, dim3 grid, cudaStream_t stream) {
+    if (p.small_rows <= 1)
+        kernel<EIn, EOut, B, A, Vec, 1><<<grid, kWarps * 32, 0, stream>>>(p);
+    else if (p.small_rows <= 4)
+        kernel<EIn, EOut, B, A, Vec, 4><<<grid, kWarps * 32, 0, stream>>>(p);
+    else
+        kernel<EIn, EOut, B, A, Vec, kMaxSmall><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 // The call: which operand is small, the 16-byte path where every row
@@ -166,13 +186,12 @@ int run(const dispatcher_gemm_args* a) {
         return reinterpret_cast<uintptr_t>(x) % 16 == 0 && (ld * int64_t(sizeof(EIn))) % 16 == 0;
     };
     const bool vec = a->k % 8 == 0 && aligned(p.small, p.ld_small) && aligned(p.big, p.ld_big);
-    const int rows_per_block = kWarps * kRowsPerWarp;
-    const dim3 grid(unsigned((int64_t(p.big_rows) + rows_per_block - 1) / rows_per_block));
+    const dim3 grid(unsigned((int64_t(p.big_rows) + kRowsPerBlock - 1) / kRowsPerBlock));
     const auto stream = static_cast<cudaStream_t>(a->stream);
     if (vec)
-        kernel<EIn, EOut, B, A, true><<<grid, kWarps * 32, 0, stream>>>(p);
+        launch<EIn, EOut, B, A, true>(p, grid, stream);
     else
-        kernel<EIn, EOut, B, A, false><<<grid, kWarps * 32, 0, stream>>>(p);
+        launch<EIn, EOut, B, A, false>(p, grid, stream);
     check_cuda(cudaGetLastError(), "gemv kernel launch");
     return DISPATCHER_OK;
 }
