@@ -171,3 +171,6 @@ SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py
 SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \
     catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",))
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()
+# The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against
+SETS["gemv"] = lambda: [c for c in test_configs() if c.target_params["schedule"] == "gemv"] + \
+    catalog(("regular",), ("bf16",), ("rcr",))
