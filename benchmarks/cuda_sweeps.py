@@ -76,7 +76,7 @@ def test_configs() -> list:
     for bias, activation in (("col", "gelu"), ("row", "relu")):  # test_regular_split_k_alpha_beta_and_epilogue's
         out.append(KernelConfig.create(dtype="bf16", layout="rrr", tile_k=64, splits=3, bias=bias,
                                        activation=activation, **TILE))
-    gemv = dict(target="cuda", layout="rcr", tile_m=16, tile_n=16, tile_k=64, cluster_m=1, cluster_n=1,
+    gemv = dict(target="cuda", layout="rcr", tile_m=4, tile_n=4, tile_k=64, cluster_m=1, cluster_n=1,
                 schedule="gemv")  # the gemv tests'
     out += [KernelConfig.create(dtype=dtype, **gemv) for dtype in ("bf16", "fp16")]
     out += [KernelConfig.create(dtype="bf16", dtype_c="fp32", bias=bias, activation=activation, **gemv)

@@ -26,7 +26,7 @@ CONFIGS = [
     dict(variant="stream_k", dtype="bf16", layout="crr", reduction="tree", decomposition="split_k", splits=5),
     dict(variant="grouped", dtype="fp16", layout="rcr", raster="along_m"),
     # the target's gemv kernel (not CUTLASS), with a bias per row and SiLU
-    dict(variant="regular", dtype="fp16", layout="rcr", schedule="gemv", tile_m=16, tile_n=16, bias="row",
+    dict(variant="regular", dtype="fp16", layout="rcr", schedule="gemv", tile_m=4, tile_n=4, bias="row",
          activation="silu"),
 ]
 # The batched variant (batch mode L) and both CUTLASS bias fusions: about

@@ -123,11 +123,12 @@ def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
     assert max_rel(out.float().cpu().numpy(), expected) <= tolerance(cfg, k)
 
 
-# The cuda target's gemv schedule (native/cuda/gemv.hpp): M or N up to 16,
-# K a multiple of 8 (16-byte loads) or not (one element a lane), one and many blocks.
-GEMV = dict(tile_m=16, tile_n=16, cluster_m=1, cluster_n=1, schedule="gemv")
-GEMV_SHAPES = [(1, 4096, 4096), (8, 2048, 1000), (16, 300, 72), (5, 77, 35), (2047, 1, 4096), (333, 16, 520),
-               (3, 3, 3)]
+# The cuda target's gemv schedule (native/cuda/gemv.hpp): M or N up to 4 (its
+# instances for 1, 2 and 4 small rows), K a multiple of 8 (16-byte loads) or not
+# (one element a lane), a K shorter than a block's first step, one and many blocks.
+GEMV = dict(tile_m=4, tile_n=4, cluster_m=1, cluster_n=1, schedule="gemv")
+GEMV_SHAPES = [(1, 4096, 4096), (4, 2048, 1000), (2, 300, 72), (3, 77, 35), (2047, 1, 4096), (333, 4, 520),
+               (3, 3, 3), (2, 5000, 16384)]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -139,7 +140,7 @@ def test_gemv_schedule_small_m_or_n(dtype, gen):
 
 @pytest.mark.parametrize("per, activation", [("col", "gelu"), ("row", "silu")])
 def test_gemv_schedule_epilogue_alpha_beta_views_and_fp32_out(per, activation, gen):
-    m, n, k = 12, 1000, 777
+    m, n, k = 3, 1000, 777
     a = operand(m, k + 1, "bf16", "r", gen)[:, 1:]  # a view 2 bytes off: the one-element path
     b = operand(k, n, "bf16", "c", gen)
     c = operand(m, n, "bf16", "r", gen)

@@ -96,26 +96,26 @@ def test_a_cuda_configs_raster_order_is_in_its_name_source_and_model_estimate():
 
 
 def test_the_gemv_schedule_is_checked_named_and_ranked_by_its_bandwidth_estimate():
-    """The cuda target's kernel for M or N up to 16: its configs (16x16 tiles,
+    """The cuda target's kernel for M or N up to 4: its configs (4x4 tiles,
     no clusters, rcr, fp16/bf16, variants whose template implements it) are
     refused otherwise with the reason; its estimate is the bytes it streams
-    (infinite where both M and N exceed 16), which explain names, and it
+    (infinite where both M and N exceed 4), which explain names, and it
     ranks first for a matrix times a vector."""
     from dispatcher.targets import cuda
     def gemv(**kw):
-        fields = dict(target="cuda", dtype="bf16", layout="rcr", tile_m=16, tile_n=16, tile_k=64, cluster_m=1,
+        fields = dict(target="cuda", dtype="bf16", layout="rcr", tile_m=4, tile_n=4, tile_k=64, cluster_m=1,
                       schedule="gemv")
         return dispatcher.KernelConfig.create(**{**fields, **kw})
-    assert gemv().name == "gemm_bf16_bf16_rcr_16x16x64_cuda_c1x1_gemv_sauto" and gemv().problems() == []
+    assert gemv().name == "gemm_bf16_bf16_rcr_4x4x64_cuda_c1x1_gemv_sauto" and gemv().problems() == []
     for kw, reason in ((dict(layout="rrr"), "layout rcr"), (dict(dtype="fp8_e4m3", tile_k=128), "fp16 and bf16"),
-                       (dict(tile_n=64), "16x16"), (dict(cluster_n=2), "no clusters"),
+                       (dict(tile_n=64), "4x4"), (dict(cluster_n=2), "no clusters"),
                        (dict(variant="stream_k"), "has no gemv kernel"), (dict(variant="batched"), "no gemv")):
         assert any(reason in p for p in gemv(**kw).problems()), (kw, gemv(**kw).problems())
     assert "#define DCUDA_GEMV 1" in Dispatcher().codegen(gemv()).files[0][1]
-    assert cuda.gemv_estimate_us(17, 17, 4096, gemv()) == math.inf
-    # M = 8: the big operand (N x K bf16) and C once from HBM, the small one once per block of 4 rows from L2
-    assert cuda.gemv_estimate_us(8, 2048, 8192, gemv()) == pytest.approx(
-        (2048 * 8192 * 2 + 8 * 2048 * 2) / cuda.GEMV_BYTES_PER_US + 512 * 8 * 8192 * 2 / cuda.GEMV_L2_BYTES_PER_US
+    assert cuda.gemv_estimate_us(5, 5, 4096, gemv()) == math.inf
+    # M = 3: the big operand (N x K bf16) and C once from HBM, the small one once per block of 4 rows from L2
+    assert cuda.gemv_estimate_us(3, 2048, 8192, gemv()) == pytest.approx(
+        (2048 * 8192 * 2 + 3 * 2048 * 2) / cuda.GEMV_BYTES_PER_US + 512 * 3 * 8192 * 2 / cuda.GEMV_L2_BYTES_PER_US
         + cuda.GEMV_LAUNCH_US)
     assert cuda.gemv_estimate_us(2047, 1, 4096, gemv()) == cuda.gemv_estimate_us(1, 2047, 4096, gemv())
     if cuda_model.available():

@@ -61,7 +61,7 @@ _SCHEDULES = {  # option -> (mainloop, epilogue, pointer-array mainloop, pointer
                  "cutlass::epilogue::TmaWarpSpecialized",
                  "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
                  "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"),
-    # not CUTLASS: native/cuda/gemv.hpp, for M or N up to 16 (the traits keep the
+    # not CUTLASS: native/cuda/gemv.hpp, for M or N up to 4 (the traits keep the
     # cooperative names, which its templates do not instantiate)
     "gemv": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
              "cutlass::epilogue::TmaWarpSpecializedCooperative",
@@ -371,17 +371,17 @@ class CudaTarget:
 
 
 # The gemv schedule (native/cuda/gemv.hpp): a config of it and what it runs.
-GEMV_MAX_SMALL = 16  # M or N (its kMaxSmall)
-GEMV_TILE = (16, 16)  # (tile_m, tile_n) of its configs: its names' tile (the kernel has its own, below)
+GEMV_MAX_SMALL = 4  # M or N (its kMaxSmall)
 GEMV_ROWS_PER_BLOCK = 4  # rows of the big operand a block computes (its kRowsPerBlock)
-# What the gemv kernel streamed from HBM on the H100: 1x4096x4096 bf16 in 35 us after an L2 flush, 1.0e6
-# bytes a microsecond (benchmarks/results/cuda_gemm_h100_64b8fe4.json), measured on the kernel before it
-# split K over a block's warps, which should stream no slower: the estimate stays on the measured side
-# until the new one is measured (NVIDIA's model overestimates the tiled kernels on such problems:
-# 34 us for the 25 us 64x128 ping-pong kernel).
-GEMV_BYTES_PER_US = 1.0e6
-GEMV_L2_BYTES_PER_US = 5.5e6  # the small operand's rereads, one per block, from L2
-GEMV_LAUNCH_US = 3.0
+GEMV_TILE = (GEMV_MAX_SMALL, GEMV_ROWS_PER_BLOCK)  # (tile_m, tile_n) of its configs: the small side, a block's rows
+# Fitted to the gemv kernel's times on the H100 (kernel alone, L2 flushed; bf16, M = 1, 2, 4 against N x K of
+# 1024^2, 4096^2, 4096 x 14336 and 14336 x 4096: benchmarks/results/sweeps/cuda_h100_64a1b03/gemv.csv): a fixed
+# 8 us, the big operand at 2.6 TB/s, and the small one's rereads (one per block) at 11 TB/s from L2. (CUTLASS's
+# 64x128 ping-pong kernel took about 14 us + the same 2.6 TB/s there; NVIDIA's model puts it higher, 34 us for
+# its 26 at 1 x 4096 x 4096.)
+GEMV_BYTES_PER_US = 2.6e6
+GEMV_L2_BYTES_PER_US = 11e6
+GEMV_LAUNCH_US = 8.0
 GEMV_MODEL = "gemv bandwidth estimate"
 
 
@@ -394,7 +394,8 @@ def _gemv_check(config) -> str | None:
     if dtypes.get(config.dtype_a).is_float8:
         return "the gemv schedule takes fp16 and bf16 inputs"
     if (config.tile_m, config.tile_n) != GEMV_TILE:
-        return f"the gemv schedule's tiles are {GEMV_TILE[0]}x{GEMV_TILE[1]} (M or N up to 16, 16 rows a block)"
+        return (f"the gemv schedule's tiles are {GEMV_TILE[0]}x{GEMV_TILE[1]} (M or N up to {GEMV_MAX_SMALL}, "
+                f"{GEMV_ROWS_PER_BLOCK} rows a block)")
     if (o["cluster_m"], o["cluster_n"], o["swizzle"], o["raster"]) != (1, 1, 1, "default"):
         return "the gemv schedule has no clusters, swizzle or raster order"
     return None

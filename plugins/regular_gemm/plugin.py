@@ -36,7 +36,7 @@ CPU_DEFAULTS = (
 # most often for bf16/fp16 on an H200 (large cooperative tiles for
 # throughput, 2x4 clusters for mid-size squares, ping-pong 64-row tiles for
 # skinny M), plus swizzled large tiles, and the target's gemv kernel for M
-# or N up to 16 (its own bandwidth estimate, `cuda.gemv_estimate_us`, ranks
+# or N up to 4 (its own bandwidth estimate, `cuda.gemv_estimate_us`, ranks
 # it: NVIDIA's model does not know it). Selection ranks it with that model.
 # Split-K (`splits`) is not in it: the model ranked split-K first on 8 of 64
 # measured shapes, where it ran 1.1-2.3x slower than the best catalog kernel,
@@ -56,8 +56,8 @@ CUDA_CATALOG = (
     _coop(128, 128, 2, 4), _coop(256, 128, 2, 4), _coop(128, 256, 2, 1, swizzle=4),
     _coop(256, 128, 1, 2, swizzle=4), _pingpong(64, 128, 1, 4), _pingpong(64, 128, 2, 1),
     _pingpong(64, 256, 1, 2), _pingpong(64, 128, 2, 4),
-    # M or N up to 16 (rcr): one warp streams a few rows of the big operand
-    dict(tile_m=16, tile_n=16, cluster_m=1, cluster_n=1, schedule="gemv"),
+    # M or N up to 4 (rcr): a block's warps stream a few rows of the big operand, splitting K
+    dict(tile_m=4, tile_n=4, cluster_m=1, cluster_n=1, schedule="gemv"),
 )
 
 # K slices summed per output tile (split-K: the cuda template's dcuda::SplitK).
@@ -96,7 +96,7 @@ RECORD = VariantRecord(
     check=check,
     k_splits=lambda config: config.variant_params["splits"],
     packs_a_once=True,  # templates/cpu.cpp: dcpu::SharedPackedA
-    target_schedules=("gemv",),  # templates/cuda.cu: the cuda target's kernel for M or N up to 16
+    target_schedules=("gemv",),  # templates/cuda.cu: the cuda target's kernel for M or N up to 4
     default_configs=default_configs,
     operands=(*gemm_operands(), BIAS),
     problem_options=epilogue_problem_options,
