@@ -111,6 +111,13 @@ def test_fused_epilogues(variant, per, activation, rng):
     dispatcher.run(variant, a=a, b=b, out=out, bias=bias, activation=activation, alpha=0.75,
                    config=SMALL)
     assert close(out, ref(a, b, bias, activation, 0.75), "bf16", k)
+    # one output row, then one output column (tile_gemm.hpp's vector products), the same kernel
+    for m, n in ((1, 150), (150, 1)):
+        a, b = batch_of(batch + (m, k), "bf16", rng), batch_of(batch + (k, n), "bf16", rng, "c")
+        bias = random_matrix(1, n, "bf16", "r", rng)[0] if per == "col" else random_matrix(m, 1, "bf16", "r", rng)
+        out = poisoned(batch + (m, n), "bf16")
+        dispatcher.run(variant, a=a, b=b, out=out, bias=bias, activation=activation, alpha=0.75, config=SMALL)
+        assert close(out, ref(a, b, bias, activation, 0.75), "bf16", k), (m, n)
 
 
 @pytest.mark.parametrize("per", ["col", "row"])

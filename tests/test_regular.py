@@ -36,6 +36,25 @@ def test_every_dtype_and_layout(dtype, layout, rng):
         assert max_rel(out, ref) <= tolerance(config, k), (dtype, layout, (m, n, k))
 
 
+@pytest.mark.parametrize("dtype, layout", parity_grid("regular", dtypes.INPUT_TOKENS, LAYOUTS))
+def test_one_output_row_or_column_every_dtype_and_layout(dtype, layout, rng):
+    """A vector times a matrix and a matrix times a vector (tile_gemm.hpp's
+    vector_product: no packing; dot products, or scaled sums where the matrix
+    runs along the output): runs of output lines longer than a tile, several
+    runs, K shorter and longer than a block, against float64; alpha and beta
+    with c on the same kernel."""
+    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
+    for m, n, k in ((1, 300, 129), (300, 1, 129), (1, 2600, 40), (2600, 1, 7), (1, 1, 300)):
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        assert max_rel(run_checked(a, b), reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
+    if dtypes.get(dtype).acc != "int32":  # int32 outputs round: test_reliability.py
+        a, b = random_matrix(1, 50, dtype, layout[0], rng), random_matrix(50, 700, dtype, layout[1], rng)
+        c = random_matrix(1, 700, dtypes.output_for(dtype).token, "r", rng)
+        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=SMALL)
+        assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 50)
+
+
 @pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
 def test_fp8_output_dtype_choice(out_dtype, rng):
     a = random_matrix(45, 33, "fp8_e5m2", "r", rng)

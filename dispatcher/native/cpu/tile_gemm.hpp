@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <string>
+#include <vector>
 
 #include "cpu/placement.hpp"
 #include "cpu/vec_math.hpp"
@@ -981,9 +982,128 @@ void prefetch_next_tile(Problem<T>& P, const Problem<T>& next, int64_t tile) {
     P.after_b = block_region(next.b, next.ldb, T::b_row, 0, kc, t.j0, t.nc);
 }
 
+// ------------------------------------------------------------- vectors ----
+// A product with one output row or column (a vector times a matrix, a matrix
+// times a vector) reads each element of the matrix once for one multiply:
+// it is bound by memory. Packing would copy the matrix, and the micro-kernel
+// would pad the vector's side to a whole micro-tile (12 to 48 lanes of work
+// for one: 4096 x 4096 times a vector took 14.8 ms against OpenBLAS's 5.9), so its
+// tiles take the operands as they are: a dot product per output element where
+// the matrix runs along K, else scaled sums of the matrix's rows or columns
+// (contiguous along the output), in the compute type; then the epilogue.
+template <class T>
+bool one_vector(const Problem<T>& P) {
+    return P.m == 1 || P.n == 1;
+}
+
+// out[0, count) = the products of one output row or column: `matrix` holds
+// `count` lines of K elements, element (line, k) at line * line_stride +
+// k * k_stride; `vector` holds K, element k at k * v_stride.
+template <class M, class V, class Acc>
+void vector_products(const typename M::storage* matrix, int64_t line_stride, int64_t k_stride,
+                     const typename V::storage* vector, int64_t v_stride, int64_t k, int64_t count,
+                     Acc* __restrict out) {
+    if (k_stride == 1) {  // the matrix along K: one dot product a line
+        for (int64_t line = 0; line < count; ++line) {
+            const auto* __restrict x = matrix + line * line_stride;
+            Acc sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t i = 0; i < k; ++i) sum += M::load(x[i]) * V::load(vector[i * v_stride]);
+            out[line] = sum;
+        }
+        return;
+    }
+    for (int64_t line = 0; line < count; ++line) out[line] = 0;  // else out += vector[k] * line k of the matrix
+    int64_t i = 0;
+    if (line_stride == 1) {  // four of K's lines at a time: four streams in flight, out stored a quarter as often
+        for (; i + 4 <= k; i += 4) {
+            const Acc s0 = V::load(vector[i * v_stride]), s1 = V::load(vector[(i + 1) * v_stride]),
+                      s2 = V::load(vector[(i + 2) * v_stride]), s3 = V::load(vector[(i + 3) * v_stride]);
+            const auto* __restrict x0 = matrix + i * k_stride;
+            const auto* __restrict x1 = x0 + k_stride;
+            const auto* __restrict x2 = x1 + k_stride;
+            const auto* __restrict x3 = x2 + k_stride;
+#pragma omp simd
+            for (int64_t line = 0; line < count; ++line)
+                out[line] += M::load(x0[line]) * s0 + M::load(x1[line]) * s1 + M::load(x2[line]) * s2 +
+                             M::load(x3[line]) * s3;
+        }
+    }
+    for (; i < k; ++i) {
+        const Acc scale = V::load(vector[i * v_stride]);
+        const auto* __restrict x = matrix + i * k_stride;
+#pragma omp simd
+        for (int64_t line = 0; line < count; ++line) out[line] += M::load(x[line * line_stride]) * scale;
+    }
+}
+
+// `vector_products` of output lines [l0, l0 + count) of a `one_vector`
+// problem: rows of its single column, or columns of its single row.
+template <class T>
+void vector_lines(const Problem<T>& P, int64_t l0, int64_t count, typename T::Acc* out) {
+    if (P.n == 1) {  // A's rows against B's column: A(i, k) at i * lda + k (row-major) or k * lda + i
+        vector_products<typename T::A, typename T::B>(P.a + (T::a_row ? l0 * P.lda : l0), T::a_row ? P.lda : 1,
+                                                      T::a_row ? 1 : P.lda, P.b, T::b_row ? P.ldb : 1, P.k,
+                                                      count, out);
+    } else {  // B's columns against A's row: B(k, j) at k * ldb + j (row-major) or j * ldb + k
+        vector_products<typename T::B, typename T::A>(P.b + (T::b_row ? l0 : l0 * P.ldb), T::b_row ? 1 : P.ldb,
+                                                      T::b_row ? P.ldb : 1, P.a, T::a_row ? 1 : P.lda, P.k,
+                                                      count, out);
+    }
+}
+
+// Output lines [l0, l0 + count) of a `one_vector` problem, computed in `sums`,
+// stored by `store_tile` a block tile at a time.
+template <class T, class Epi>
+void store_vector_lines(const Problem<T>& P, int64_t l0, int64_t count, const typename T::Acc* sums) {
+    auto* acc = Buffers<T>::local().acc.get();
+    const int unit = P.n == 1 ? T::MC : T::NC;
+    for (int64_t p = 0; p < count; p += unit) {
+        const int piece = static_cast<int>(std::min<int64_t>(unit, count - p));
+        if (P.n == 1) {
+            for (int i = 0; i < piece; ++i) acc[size_t(i) * T::NC] = sums[p + i];
+            store_tile<T, Epi>(P, l0 + p, piece, 0, 1, acc);
+        } else {
+            std::copy(sums + p, sums + p + piece, acc);
+            store_tile<T, Epi>(P, 0, 1, l0 + p, piece, acc);
+        }
+    }
+}
+
+// One block tile of a `one_vector` problem (the tile schedules of the
+// batched, grouped and stream-K variants).
+template <class T, class Epi = PlainEpilogue>
+void compute_vector_tile(const Problem<T>& P, int64_t tile) {
+    const TileCoord t = tile_coord(P, tile);
+    alignas(64) typename T::Acc sums[T::MC > T::NC ? T::MC : T::NC];
+    const int64_t l0 = P.n == 1 ? t.i0 : t.j0, count = P.n == 1 ? t.mc : t.nc;
+    vector_lines(P, l0, count, sums);
+    store_vector_lines<T, Epi>(P, l0, count, sums);
+}
+
+// A whole `one_vector` problem on `threads` threads, in runs of output lines
+// longer than block tiles: where the matrix runs along the output, each K
+// line is read a run at a time (tiles of 48 rows read 192-byte pieces 16 KB
+// apart, and ran at half of OpenBLAS's speed).
+template <class T, class Epi = PlainEpilogue>
+void vector_product(const Problem<T>& P, int threads) {
+    const int64_t lines = P.n == 1 ? P.m : P.n;
+    const int unit = P.n == 1 ? T::MC : T::NC;
+    int64_t run = std::max<int64_t>((lines + threads - 1) / threads, 1024);
+    run = (run + unit - 1) / unit * unit;
+    parallel_tiles(threads, (lines + run - 1) / run, [&](int64_t r) {
+        static thread_local std::vector<typename T::Acc> sums;
+        const int64_t l0 = r * run, count = std::min(run, lines - l0);
+        if (int64_t(sums.size()) < count) sums.resize(size_t(count));
+        vector_lines(P, l0, count, sums.data());
+        store_vector_lines<T, Epi>(P, l0, count, sums.data());
+    });
+}
+
 // One whole output block: all of K, then the epilogue.
 template <class T, class Epi = PlainEpilogue>
 void compute_tile(const Problem<T>& P, int64_t tile) {
+    if (one_vector(P)) return compute_vector_tile<T, Epi>(P, tile);
     const TileCoord t = tile_coord(P, tile);
     auto* acc = Buffers<T>::local().acc.get();
     if (P.k == 0)

@@ -9,6 +9,10 @@ int run(const dispatcher_gemm_args* args) {
         dcpu::Problem<T> P = dcpu::make_problem<T, Epi>(args);
         const int64_t tiles = P.tiles();
         const int threads = dcpu::thread_count(T::threads, args->workers, 2.0 * P.m * P.n * P.k);
+        if (dcpu::one_vector(P)) {  // a matrix times a vector: no packing, runs of output lines
+            dcpu::vector_product<T, Epi>(P, threads);
+            return DISPATCHER_OK;
+        }
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         dcpu::SharedPackedA<T> shared_a;
         shared_a.pack(P, threads);
