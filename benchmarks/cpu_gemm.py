@@ -3,7 +3,8 @@
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx512-bf16] [--dtypes fp32,bf16,int8]
 
 Shapes: the public corpus's CPU shapes (1024^3 and 2048^3 where it is not
-found), an odd one (257x1031x2049) and skinny M (64 and 16 x 4096 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
+found), an odd one (257x1031x2049), skinny M (64 and 16 x 4096 x 4096) and a vector times
+a matrix and a matrix times a vector (1 x 4096 x 4096, 4096 x 1 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
 default: this machine's best with all its extensions) a child process with
 a fresh build cache and no tuning database measures, per shape and dtype:
 
@@ -52,7 +53,7 @@ from dispatcher.timing import TimingOptions
 from dispatcher.verify import random_matrix
 
 ODD = [(257, 1031, 2049)]
-SKINNY = [(64, 4096, 4096), (16, 4096, 4096)]
+SKINNY = [(64, 4096, 4096), (16, 4096, 4096), (1, 4096, 4096), (4096, 1, 4096)]  # the last two: vectors
 DTYPES = ("fp32", "bf16", "int8")
 SLOW_S = 1.0
 LIBRARIES = ("ours", "numpy", "torch")
