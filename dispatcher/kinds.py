@@ -387,17 +387,18 @@ class _Same:
 
 
 def layout(record, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool,
-           b_layout: str | None = None) -> Layout:
+           read_as: str | None = None) -> Layout:
     """The `Layout` of a call of `record`'s kind: specs are (operand name,
     ArraySpec or None) in declaration order; choices the checked variant
-    values; needs_c: beta != 0; b_layout: how to read a B that reads either
-    way (a single column), as a given config reads it ('r' or 'c')."""
-    return _layout(_Same(record), specs, choices, out_dtype, target, needs_c, b_layout)
+    values; needs_c: beta != 0; read_as: a given config's layout (e.g.
+    "rrr"), which decides how an A or B that reads either way (a single row
+    or column) is read."""
+    return _layout(_Same(record), specs, choices, out_dtype, target, needs_c, read_as)
 
 
 @functools.lru_cache(maxsize=4096)
 def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, needs_c: bool,
-            b_layout: str | None) -> Layout:
+            read_as: str | None) -> Layout:
     """Every shape, dtype, broadcast and layout check of a call, once."""
     record, arrays = same.record, dict(specs)
     declared = {o.name: o for o in operands_of(record)}
@@ -472,8 +473,8 @@ def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, n
     # a single column of B (a matrix times a vector) is read column-major unless a config says otherwise:
     # rcr, the layout whose K is contiguous in both operands, which the GPU's gemv schedule takes and TMA
     # can load (a row-major K x 1 B has a leading dim of 1)
-    (la, lda), (_, ldc) = A.layout(na), C.layout(nout)
-    lb, ldb = B.layout(nb, prefer=b_layout or ("c" if n == 1 else "r"))
+    (la, lda), (_, ldc) = A.layout(na, prefer=read_as[0] if read_as else "r"), C.layout(nout)
+    lb, ldb = B.layout(nb, prefer=read_as[1] if read_as else ("c" if n == 1 else "r"))
     given = {o.name: tensors.get(o.name) for o in extras}
     if transposed:
         given = {name: t and t.T for name, t in given.items()}

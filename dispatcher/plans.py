@@ -47,7 +47,7 @@ def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target:
     dispatcher._check_generation()
     found = dispatcher.plans.get(signature)
     if found is None:
-        layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c, _b_layout(config))
+        layout = kinds.layout(record, specs, choices, out_dtype, target, needs_c, _config_layout(config))
         found = Plan(dispatcher, record, layout, target, specs, config, options, strict, autotune)
         found.alignment = signature[-1]
         if config is not None and layout.problem is not None:
@@ -56,11 +56,11 @@ def planned(dispatcher, record, arrays: dict, choices: tuple, out_dtype, target:
     return found
 
 
-def _b_layout(config) -> str | None:
-    """How a given config (a KernelConfig or a dict of fields) reads B, for
-    a B that reads either way; None: no config, or one that does not say."""
+def _config_layout(config) -> str | None:
+    """The layout a given config (a KernelConfig or a dict of fields) reads
+    its operands in; None: no config, or one that does not say."""
     layout = config.get("layout") if isinstance(config, Mapping) else getattr(config, "layout", None)
-    return layout[1] if isinstance(layout, str) and len(layout) == 3 else None
+    return layout if isinstance(layout, str) and len(layout) == 3 else None
 
 
 def _tensor_pointer(t) -> int:

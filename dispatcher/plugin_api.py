@@ -95,9 +95,12 @@ def launches_gemm(variant: str, registry: bool = False):
 
 def configs_per_target(**configs):
     """A `VariantRecord.default_configs` from tuples of config dicts per
-    target name (`cpu=(...), cuda=(...)`); a config without `tile_k` takes
-    its target's `default_tile_k(dtype)`."""
+    target name (`cpu=(...), cuda=(...)`); configs without `tile_k` are
+    catalog entries their target completes for the dtype (`catalog`: cuda
+    gives its tile_k, and leaves out fp8 tiles that spill)."""
     def default_configs(target, dtype, layout):
-        return [dict(c) if "tile_k" in c else dict(c, tile_k=targets.get(target).default_tile_k(dtype))
-                for c in configs.get(target, ())]
+        given = configs.get(target, ())
+        partial = [c for c in given if "tile_k" not in c]
+        return [dict(c) for c in given if "tile_k" in c] + \
+            (targets.get(target).catalog(partial, dtype) if partial else [])
     return default_configs

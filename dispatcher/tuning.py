@@ -86,7 +86,7 @@ class Winner:
     problem: str
     shipped: bool
     exact: bool
-    adapted: str = ""  # what of this problem's the winner's tiles run with (its epilogue, its output dtype)
+    adapted: str = ""  # what the winner's tiles run with that its own problem did not have (an epilogue, an output)
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
@@ -103,14 +103,14 @@ def _relaxed(problem) -> list:
                                                           if k not in fixed)) if fixed else None
     default_out = dtypes.output_for(problem.dtype).token
     out = {"dtype_c": problem.out_dtype} if default_out != problem.out_dtype else None
-    epilogue, output = "this problem's epilogue", f"this problem's {problem.out_dtype} output"
     found = []
     if plain is not None:
-        found.append((plain, fixed, epilogue))
+        found.append((plain, fixed, "this problem's epilogue"))
     if out:
-        found.append((attrs.evolve(problem, out_dtype=default_out), out, output))
+        found.append((attrs.evolve(problem, out_dtype=default_out), out, f"this problem's {problem.out_dtype} output"))
     if plain is not None and out:
-        found.append((attrs.evolve(plain, out_dtype=default_out), {**fixed, **out}, f"this problem's epilogue and {problem.out_dtype} output"))
+        found.append((attrs.evolve(plain, out_dtype=default_out), {**fixed, **out},
+                      f"this problem's epilogue and {problem.out_dtype} output"))
     return found
 
 
@@ -179,9 +179,11 @@ class TuningDatabase:
         (the shipped sweeps tune plain GEMMs with default outputs)."""
         found = self._winner(problem)
         if found is not None:
-            return found
+            return found or None  # False: its equally near neighbours disagree, the model decides
         for relaxed, fields, what in _relaxed(problem):
             found = self._winner(relaxed)
+            if found is False:
+                return None
             if found is None:
                 continue
             try:
@@ -192,8 +194,9 @@ class TuningDatabase:
                 return attrs.evolve(found, config=config, adapted=what, exact=False)
         return None
 
-    def _winner(self, problem) -> "Winner | None":
-        """`winner`'s lookup of `problem` as it is."""
+    def _winner(self, problem) -> "Winner | None | bool":
+        """`winner`'s lookup of `problem` as it is: None where no row is near,
+        False where the nearest rows disagree."""
         key, sizes = problem_key(problem)
         own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
                            "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
@@ -218,7 +221,7 @@ class TuningDatabase:
         nearest = sorted((u for u in usable if u[0] <= least + 1e-9), key=lambda u: u[1:3])
         distance, shipped, tuned, config = nearest[0]
         if distance >= 0 and len({u[3].name for u in nearest if u[1] == shipped}) > 1:
-            return None  # neighbours that disagree do not decide
+            return False  # neighbours that disagree do not decide
         return Winner(config, tuned, bool(shipped), distance < 0)
 
     def has(self, problem) -> bool:

@@ -128,7 +128,7 @@ def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
 # (one element a lane), a K shorter than a block's first step, one and many blocks.
 GEMV = dict(tile_m=4, tile_n=4, cluster_m=1, cluster_n=1, schedule="gemv")
 GEMV_SHAPES = [(1, 4096, 4096), (4, 2048, 1000), (2, 300, 72), (3, 77, 35), (2047, 1, 4096), (333, 4, 520),
-               (3, 3, 3), (2, 5000, 16384)]
+               (3, 3, 3), (2, 5000, 16384), (1, 300, 77), (129, 2, 35)]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -170,7 +170,7 @@ def test_gemv_schedule_refuses_wide_problems_and_is_chosen_for_few_columns(gen):
     y = held(a, x)
     torch.cuda.synchronize()
     chosen = held.plan.chosen[0]
-    assert chosen == dispatcher.api.default_dispatcher().select(held.plan.problem)
+    assert chosen.target_params["schedule"] == "gemv"  # no tuned row near: its estimate ranks first
     assert max_rel(y.float().cpu().numpy(), reference(a, x)) <= tolerance(chosen, 4096)
     v = operand(4096, 1, "bf16", "r", gen)  # a contiguous vector, read column-major (rcr): no tuned row near,
     held = dispatcher.plan(a=a, b=v)

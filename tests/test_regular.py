@@ -39,19 +39,21 @@ def test_every_dtype_and_layout(dtype, layout, rng):
 @pytest.mark.parametrize("dtype, layout", parity_grid("regular", dtypes.INPUT_TOKENS, LAYOUTS))
 def test_one_output_row_or_column_every_dtype_and_layout(dtype, layout, rng):
     """A vector times a matrix and a matrix times a vector (tile_gemm.hpp's
-    vector_product: no packing; dot products, or scaled sums where the matrix
-    runs along the output): runs of output lines longer than a tile, several
-    runs, K shorter and longer than a block, against float64; alpha and beta
-    with c on the same kernel."""
+    vector_product: no packing; dot products where the matrix runs along K,
+    else scaled sums of its lines), read in the config's layout (so every
+    stride of the vector and of the matrix is taken): runs of output lines
+    longer than a tile, several runs on four workers, against float64;
+    alpha and beta with c on the same kernel."""
     config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
     for m, n, k in ((1, 300, 129), (300, 1, 129), (1, 2600, 40), (2600, 1, 7), (1, 1, 300)):
         a = random_matrix(m, k, dtype, layout[0], rng)
         b = random_matrix(k, n, dtype, layout[1], rng)
-        assert max_rel(run_checked(a, b), reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
+        out = run_checked(a, b, config=config, options={"workers": 4})
+        assert max_rel(out, reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
     if dtypes.get(dtype).acc != "int32":  # int32 outputs round: test_reliability.py
         a, b = random_matrix(1, 50, dtype, layout[0], rng), random_matrix(50, 700, dtype, layout[1], rng)
         c = random_matrix(1, 700, dtypes.output_for(dtype).token, "r", rng)
-        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=SMALL)
+        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=config)
         assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 50)
 
 
@@ -135,6 +137,11 @@ def test_a_single_column_b_is_read_column_major(rng):
         out = poison(np.empty((70, 1), np.float32))
         dispatcher.gemm(a, vector, out=out, config=config)
         assert max_rel(out, reference(a, vector)) <= 1e-5
+    row = random_matrix(1, 96, "fp32", "r", rng)  # and a single row of A read column-major
+    b = random_matrix(96, 30, "fp32", "r", rng)
+    out = poison(np.empty((1, 30), np.float32))
+    dispatcher.gemm(row, b, out=out, config=dict(SMALL, layout="crr"))
+    assert max_rel(out, reference(row, b)) <= 1e-5
 
 
 def test_selected_default_kernel_on_larger_problem(rng):

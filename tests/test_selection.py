@@ -62,7 +62,7 @@ def test_the_fp8_catalogs_leave_out_tiles_whose_two_accumulators_spill():
     catalogs keep tiles of at most 64x128 per consumer warp group for fp8
     (128x128 cooperative, 64x128 ping-pong) in every variant, and bf16
     keeps its large tiles."""
-    for variant in ("regular", "stream_k", "grouped"):
+    for variant in ("regular", "stream_k", "grouped", "batched"):
         fp8 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "fp8_e4m3", "fp16", "rcr", variant, "cuda"))
         bf16 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "bf16", "bf16", "rcr", variant, "cuda"))
         assert fp8 and all(c.tile_m * c.tile_n <= (128 * 128 if c.target_params["schedule"] == "cooperative"

@@ -354,7 +354,8 @@ def test_a_fused_epilogue_problem_takes_the_plain_problems_winner_with_its_epilo
     db.record(KindProblem(*shape, (("activation", "none"), ("bias", "none")), ()), won, 1.0)
     fused = KindProblem(*shape, (("activation", "relu"), ("bias", "col")), (("activation", "relu"), ("bias", "col")))
     found = db.winner(fused)
-    assert found.config == won.replace(activation="relu", bias="col") and found.adapted == "this problem's epilogue" and not found.exact
+    assert found.config == won.replace(activation="relu", bias="col") and not found.exact
+    assert found.adapted == "this problem's epilogue"
     assert "with this problem" in str(found) and not db.has(fused)  # autotune still measures it
     assert db.winner(KindProblem(900, 200, 100, *shape[3:], fused.options, fused.fixed)) is None  # 3x M: too far
     own = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32, activation="relu", bias="col")
@@ -381,10 +382,17 @@ def test_a_problem_with_another_output_dtype_takes_the_default_outputs_winner(tm
     found = db.winner(fused)
     assert found.config == won.replace(dtype_c="bf16", activation="relu", bias="col")
     assert found.adapted == "this problem's epilogue and bf16 output"
-    assert db.winner(GemmProblem(4096, 4096, 4096, "fp8_e4m3", "fp32", "rcr", "regular", "cuda")).config.dtype_c == "fp32"
+    fp32_out = GemmProblem(4096, 4096, 4096, "fp8_e4m3", "fp32", "rcr", "regular", "cuda")
+    assert db.winner(fp32_out).config.dtype_c == "fp32"
     own = won.replace(dtype_c="bf16", cluster_m=2, cluster_n=1)
     db.record(bf16_out, own, 1.0)
     assert db.winner(bf16_out).config == own and db.winner(bf16_out).exact
+    # its own equally near rows that disagree leave it to the model, not to the default output's winner
+    disagree = TuningDatabase(tmp_path / "disagree.sqlite", shipped=False)
+    disagree.record(GemmProblem(4096, 4096, 4096, "fp8_e4m3", "fp16", "rcr", "regular", "cuda"), won, 1.0)
+    for m, config in ((2048, won.replace(dtype_c="bf16")), (8192, own)):
+        disagree.record(GemmProblem(m, 4096, 4096, "fp8_e4m3", "bf16", "rcr", "regular", "cuda"), config, 1.0)
+    assert disagree.winner(GemmProblem(4096, 4096, 4096, "fp8_e4m3", "bf16", "rcr", "regular", "cuda")) is None
 
 
 def test_a_stale_row_of_ones_own_does_not_stop_autotune(tmp_path, monkeypatch):

@@ -113,7 +113,7 @@ def fp8_fits(entry: dict) -> bool:
     warp group holds two; past 64x128 per warp group they spill (nvcc
     -Xptxas -v, 128x256x128: 854 bytes of spill stores) and ran 2.5x
     slower than 128x128x128 on the H100 (4096^3: 309 vs 120 us;
-    benchmarks/results/cuda_gemm_fp8_h100_<commit>.json). Cooperative tiles
+    benchmarks/results/cuda_gemm_fp8_grouped_h100_64b8fe4.json). Cooperative tiles
     split over two warp groups, ping-pong tiles take one each."""
     groups = 2 if entry.get("schedule") == "cooperative" else 1
     return entry.get("schedule") == "gemv" or entry["tile_m"] * entry["tile_n"] <= 64 * 128 * groups

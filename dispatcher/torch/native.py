@@ -172,14 +172,28 @@ def product(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
 
 def _product(module, found, arrays: tuple, bias, activation, into):
     """The module's Product of `found`; None where the example out overlaps
-    an operand (the C++ `fits_out`; the call then runs the Python way, which
-    refuses it), so that a later call of the key learns it."""
-    try:
-        return module.Product(arrays[0], arrays[1], bias, activation or "", _spec(found), into)
-    except ValueError:
-        if into is None:
-            raise
+    a or b (the C++ `fits_out` refuses it; the call runs the Python way,
+    which says why), so that a later call of the key learns one."""
+    if into is not None and not all(_apart(into, x) for x in arrays[:2]):
         return None
+    return module.Product(arrays[0], arrays[1], bias, activation or "", _spec(found), into)
+
+
+def _apart(out, x) -> bool:
+    """Whether the bytes `out` spans miss `x`'s (native_linear.cpp `fits_out`
+    and `extent`)."""
+    (o0, o1), (x0, x1) = _extent(out), _extent(x)
+    return o0 == o1 or not (x0 < o1 and o0 < x1)
+
+
+def _extent(t) -> tuple:
+    """[first byte, past the last byte) of a strided tensor's elements."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    low = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+    return start + low * t.element_size(), start + (high + 1) * t.element_size()
 
 
 def _forget_products():

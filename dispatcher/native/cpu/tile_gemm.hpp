@@ -1052,12 +1052,19 @@ void vector_lines(const Problem<T>& P, int64_t l0, int64_t count, typename T::Ac
     }
 }
 
+// The output lines `store_tile` stores at a time: a block tile's rows of the
+// single column, or its columns of the single row.
+template <class T>
+int vector_unit(const Problem<T>& P) {
+    return P.n == 1 ? T::MC : T::NC;
+}
+
 // Output lines [l0, l0 + count) of a `one_vector` problem, computed in `sums`,
 // stored by `store_tile` a block tile at a time.
 template <class T, class Epi>
 void store_vector_lines(const Problem<T>& P, int64_t l0, int64_t count, const typename T::Acc* sums) {
     auto* acc = Buffers<T>::local().acc.get();
-    const int unit = P.n == 1 ? T::MC : T::NC;
+    const int unit = vector_unit(P);
     for (int64_t p = 0; p < count; p += unit) {
         const int piece = static_cast<int>(std::min<int64_t>(unit, count - p));
         if (P.n == 1) {
@@ -1082,19 +1089,24 @@ void compute_vector_tile(const Problem<T>& P, int64_t tile) {
 }
 
 // A whole `one_vector` problem on `threads` threads, in runs of output lines
-// longer than block tiles: where the matrix runs along the output, each K
-// line is read a run at a time (tiles of 48 rows read 192-byte pieces 16 KB
-// apart, and ran at half of OpenBLAS's speed).
+// (whole block tiles' worth), one a thread. Where the matrix runs along K any
+// run streams; where it runs along the output, a run reads each of its K
+// lines a run's length at a time, so runs keep at least kVectorRun lines
+// (tiles of 48 rows read 192-byte pieces 16 KB apart and ran at half of
+// OpenBLAS's speed), on fewer threads where the output is short.
+constexpr int64_t kVectorRun = 256;
+
 template <class T, class Epi = PlainEpilogue>
 void vector_product(const Problem<T>& P, int threads) {
     const int64_t lines = P.n == 1 ? P.m : P.n;
-    const int unit = P.n == 1 ? T::MC : T::NC;
-    int64_t run = std::max<int64_t>((lines + threads - 1) / threads, 1024);
+    const int unit = vector_unit(P);
+    const bool along_k = P.n == 1 ? T::a_row : !T::b_row;
+    int64_t run = (lines + threads - 1) / threads;
+    if (!along_k) run = std::max(run, std::min(kVectorRun, lines));
     run = (run + unit - 1) / unit * unit;
     parallel_tiles(threads, (lines + run - 1) / run, [&](int64_t r) {
-        static thread_local std::vector<typename T::Acc> sums;
         const int64_t l0 = r * run, count = std::min(run, lines - l0);
-        if (int64_t(sums.size()) < count) sums.resize(size_t(count));
+        std::vector<typename T::Acc> sums(static_cast<size_t>(count));
         vector_lines(P, l0, count, sums.data());
         store_vector_lines<T, Epi>(P, l0, count, sums.data());
     });
