@@ -23,6 +23,17 @@ def catalog(variants=("regular", "stream_k", "grouped"), dtypes=("bf16",), layou
     return out
 
 
+def _sweep(name: str, dtype: str, layout: str, variant: str = "regular") -> list:
+    """The configs a sweep file of benchmarks/sweeps expands to."""
+    import json
+    from pathlib import Path
+
+    from dispatcher.tile_engine import sweep
+    config = json.loads((Path(__file__).parent / "sweeps" / name).read_text())
+    return sweep.expand(config, variant=variant, target="cuda", dtype=dtype, layout=layout, out_dtype=None,
+                        max_kernels=None).configs
+
+
 def _out(dtype):
     from dispatcher import dtypes
     return dtypes.output_for(dtype).token
@@ -171,6 +182,9 @@ SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py
 SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \
     catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",))
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()
+# What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
+# cooperative kernels with K split in 2 and 4 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
+SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
 # The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against
 SETS["gemv"] = lambda: [c for c in test_configs() if c.target_params["schedule"] == "gemv"] + \
     catalog(("regular",), ("bf16",), ("rcr",))
