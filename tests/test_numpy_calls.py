@@ -91,11 +91,28 @@ def test_calls_that_are_not_plain_stay_on_the_python_way(built):
     out = np.full((16, 16), np.nan, np.float32)
     before = counts(built)
     assert max_rel(dispatcher.gemm(a, b, alpha=2.0), reference(a, b, alpha=2.0)) <= 1e-6
-    dispatcher.gemm(a, b, out=out, target="cpu")
+    dispatcher.gemm(a, b, out=out, out_dtype="fp32")
     assert max_rel(out, reference(a, b)) <= 1e-6
     assert max_rel(dispatcher.matmul(a, b, activation="relu"), np.maximum(reference(a, b), 0)) <= 1e-6
     assert max_rel(dispatcher.matmul(a[None], b[None])[0], reference(a, b)) <= 1e-6
     assert (counts(built) - before).tolist() == [0, 0]  # never asked
+
+
+def test_calls_naming_their_arrays_own_target_run_in_c(built):
+    """target="cpu" with numpy arrays changes nothing: gemm and matmul, with
+    and without an output, take the native launches of "auto" calls."""
+    a, b = quantized((16, 16), "fp32", 3), quantized((16, 16), "fp32", 4)
+    out = np.full((16, 16), np.nan, np.float32)
+    calls = (lambda: dispatcher.gemm(a, b, target="cpu"), lambda: dispatcher.matmul(a, b, target="cpu"),
+             lambda: dispatcher.gemm(a, b, out=out, target="cpu"),
+             lambda: dispatcher.matmul(a, b, out=out, target="cpu"))
+    for call in calls:
+        call()  # learned (or already)
+    before = counts(built)
+    for call in calls:
+        out[...] = np.nan
+        assert max_rel(call(), reference(a, b)) <= 1e-6
+    assert (counts(built) - before).tolist() == [4, 0]
 
 
 @pytest.mark.parametrize("entry", ["gemm", "matmul", "held plan"])
