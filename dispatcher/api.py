@@ -38,11 +38,8 @@ def _resolve_target(target: str, *arrays) -> str:
 
 
 def _own_target(target, a, b) -> bool:
-    """Whether `target` is "auto" or the target the arrays' memory picks
-    (a named target that changes nothing: the call may take the native
-    launches of "auto" calls)."""
-    if target == "auto":
-        return True
+    """Whether a named `target` is the one "auto" picks for the arrays (it
+    changes nothing: the call may take the native launches of "auto" calls)."""
     try:
         return type(target) is str and _resolve_target("auto", a, b) == target
     except DispatcherError:  # arrays of no one target: the general path says what is wrong
@@ -326,7 +323,8 @@ def gemm(a, b, *, c=None, alpha=1.0, beta=0.0, out_dtype=None, out=None, variant
     """
     defaults = (c is None and type(alpha) is float and alpha == 1.0 and type(beta) is float and beta == 0.0
                 and out_dtype is None and variant == "regular" and config is None and strict is False
-                and autotune is None and options is None and dispatcher is None and _own_target(target, a, b))
+                and autotune is None and options is None and dispatcher is None
+                and (target == "auto" or _own_target(target, a, b)))
     plain = defaults and out is None
     if defaults:  # the commonest calls, which native code may run
         result = _native(a, b) if out is None else _native_into(a, b, out)
@@ -596,7 +594,8 @@ def matmul(a, b, *, out=None, out_dtype=None, bias=None, activation=None, alpha=
     """
     defaults = (type(alpha) is float and alpha == 1.0 and type(scale_a) is float and scale_a == 1.0
                 and type(scale_b) is float and scale_b == 1.0 and out_dtype is None and variant is None
-                and config is None and options is None and dispatcher is None and _own_target(target, a, b))
+                and config is None and options is None and dispatcher is None
+                and (target == "auto" or _own_target(target, a, b)))
     key = order = None  # every argument but bias, activation and out at its default: a key of its own
     if defaults and out is None:
         result = _native(a, b) if bias is None and activation is None else None  # the plain call: gemm(a, b)'s

@@ -116,7 +116,7 @@ def fp8_fits(entry: dict) -> bool:
     benchmarks/results/cuda_gemm_fp8_grouped_h100_64b8fe4.json). Cooperative tiles
     split over two warp groups, ping-pong tiles take one each."""
     groups = 2 if entry.get("schedule") == "cooperative" else 1
-    return entry.get("schedule") == "gemv" or entry["tile_m"] * entry["tile_n"] <= 64 * 128 * groups
+    return entry["tile_m"] * entry["tile_n"] <= 64 * 128 * groups
 
 
 @attrs.frozen

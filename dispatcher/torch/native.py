@@ -36,6 +36,7 @@ import torch
 
 from dispatcher import native_module, plugins
 from dispatcher.build import GeneratedSource
+from dispatcher.memory import View
 from dispatcher.native_module import ExtensionToolchain, ModuleBuild, NativeModule
 from dispatcher.plugins import get_manager
 from dispatcher.torch import eager
@@ -180,20 +181,15 @@ def _product(module, found, arrays: tuple, bias, activation, into):
 
 
 def _apart(out, x) -> bool:
-    """Whether the bytes `out` spans miss `x`'s (native_linear.cpp `fits_out`
-    and `extent`)."""
-    (o0, o1), (x0, x1) = _extent(out), _extent(x)
+    """Whether the bytes `out` spans miss `x`'s (native_linear.cpp `fits_out`)."""
+    (o0, o1), (x0, x1) = _bytes(out).extent(), _bytes(x).extent()
     return o0 == o1 or not (x0 < o1 and o0 < x1)
 
 
-def _extent(t) -> tuple:
-    """[first byte, past the last byte) of a strided tensor's elements."""
-    start = t.data_ptr()
-    if t.numel() == 0:
-        return start, start
-    low = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
-    high = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
-    return start + low * t.element_size(), start + (high + 1) * t.element_size()
+def _bytes(t) -> View:
+    """The memory a tensor's elements span (torch strides are never negative)."""
+    size = t.element_size()
+    return View(t.shape, [s * size for s in t.stride()], f"u{size}", t.data_ptr())
 
 
 def _forget_products():

@@ -997,15 +997,16 @@ bool one_vector(const Problem<T>& P) {
 }
 
 // out[0, count) = the products of one output row or column: `matrix` holds
-// `count` lines of K elements, element (line, k) at line * line_stride +
-// k * k_stride; `vector` holds K, element k at k * v_stride.
+// `count` lines of K elements, element (line, k) at line * ld + k where it
+// runs along K (`along_k`), else at k * ld + line (the operands' unit inner
+// stride leaves no other case); `vector` holds K, element k at k * v_stride.
 template <class M, class V, class Acc>
-void vector_products(const typename M::storage* matrix, int64_t line_stride, int64_t k_stride,
+void vector_products(const typename M::storage* matrix, int64_t ld, bool along_k,
                      const typename V::storage* vector, int64_t v_stride, int64_t k, int64_t count,
                      Acc* __restrict out) {
-    if (k_stride == 1) {  // the matrix along K: one dot product a line
+    if (along_k) {  // one dot product a line
         for (int64_t line = 0; line < count; ++line) {
-            const auto* __restrict x = matrix + line * line_stride;
+            const auto* __restrict x = matrix + line * ld;
             Acc sum = 0;
 #pragma omp simd reduction(+ : sum)
             for (int64_t i = 0; i < k; ++i) sum += M::load(x[i]) * V::load(vector[i * v_stride]);
@@ -1015,41 +1016,44 @@ void vector_products(const typename M::storage* matrix, int64_t line_stride, int
     }
     for (int64_t line = 0; line < count; ++line) out[line] = 0;  // else out += vector[k] * line k of the matrix
     int64_t i = 0;
-    if (line_stride == 1) {  // four of K's lines at a time: four streams in flight, out stored a quarter as often
-        for (; i + 4 <= k; i += 4) {
-            const Acc s0 = V::load(vector[i * v_stride]), s1 = V::load(vector[(i + 1) * v_stride]),
-                      s2 = V::load(vector[(i + 2) * v_stride]), s3 = V::load(vector[(i + 3) * v_stride]);
-            const auto* __restrict x0 = matrix + i * k_stride;
-            const auto* __restrict x1 = x0 + k_stride;
-            const auto* __restrict x2 = x1 + k_stride;
-            const auto* __restrict x3 = x2 + k_stride;
+    for (; i + 4 <= k; i += 4) {  // four of K's lines at a time: four streams in flight, out stored a quarter as often
+        const Acc s0 = V::load(vector[i * v_stride]), s1 = V::load(vector[(i + 1) * v_stride]),
+                  s2 = V::load(vector[(i + 2) * v_stride]), s3 = V::load(vector[(i + 3) * v_stride]);
+        const auto* __restrict x0 = matrix + i * ld;
+        const auto* __restrict x1 = x0 + ld;
+        const auto* __restrict x2 = x1 + ld;
+        const auto* __restrict x3 = x2 + ld;
 #pragma omp simd
-            for (int64_t line = 0; line < count; ++line)
-                out[line] += M::load(x0[line]) * s0 + M::load(x1[line]) * s1 + M::load(x2[line]) * s2 +
-                             M::load(x3[line]) * s3;
-        }
+        for (int64_t line = 0; line < count; ++line)
+            out[line] += M::load(x0[line]) * s0 + M::load(x1[line]) * s1 + M::load(x2[line]) * s2 +
+                         M::load(x3[line]) * s3;
     }
     for (; i < k; ++i) {
         const Acc scale = V::load(vector[i * v_stride]);
-        const auto* __restrict x = matrix + i * k_stride;
+        const auto* __restrict x = matrix + i * ld;
 #pragma omp simd
-        for (int64_t line = 0; line < count; ++line) out[line] += M::load(x[line * line_stride]) * scale;
+        for (int64_t line = 0; line < count; ++line) out[line] += M::load(x[line]) * scale;
     }
+}
+
+// Whether a `one_vector` problem's matrix (A for a single column, B for a
+// single row) runs along K.
+template <class T>
+bool vector_along_k(const Problem<T>& P) {
+    return P.n == 1 ? T::a_row : !T::b_row;
 }
 
 // `vector_products` of output lines [l0, l0 + count) of a `one_vector`
 // problem: rows of its single column, or columns of its single row.
 template <class T>
 void vector_lines(const Problem<T>& P, int64_t l0, int64_t count, typename T::Acc* out) {
-    if (P.n == 1) {  // A's rows against B's column: A(i, k) at i * lda + k (row-major) or k * lda + i
-        vector_products<typename T::A, typename T::B>(P.a + (T::a_row ? l0 * P.lda : l0), T::a_row ? P.lda : 1,
-                                                      T::a_row ? 1 : P.lda, P.b, T::b_row ? P.ldb : 1, P.k,
-                                                      count, out);
-    } else {  // B's columns against A's row: B(k, j) at k * ldb + j (row-major) or j * ldb + k
-        vector_products<typename T::B, typename T::A>(P.b + (T::b_row ? l0 : l0 * P.ldb), T::b_row ? 1 : P.ldb,
-                                                      T::b_row ? P.ldb : 1, P.a, T::a_row ? 1 : P.lda, P.k,
-                                                      count, out);
-    }
+    const bool along_k = vector_along_k(P);
+    if (P.n == 1)  // A's rows against B's column
+        vector_products<typename T::A, typename T::B>(P.a + (along_k ? l0 * P.lda : l0), P.lda, along_k, P.b,
+                                                      T::b_row ? P.ldb : 1, P.k, count, out);
+    else  // B's columns against A's row
+        vector_products<typename T::B, typename T::A>(P.b + (along_k ? l0 * P.ldb : l0), P.ldb, along_k, P.a,
+                                                      T::a_row ? 1 : P.lda, P.k, count, out);
 }
 
 // The output lines `store_tile` stores at a time: a block tile's rows of the
@@ -1100,9 +1104,8 @@ template <class T, class Epi = PlainEpilogue>
 void vector_product(const Problem<T>& P, int threads) {
     const int64_t lines = P.n == 1 ? P.m : P.n;
     const int unit = vector_unit(P);
-    const bool along_k = P.n == 1 ? T::a_row : !T::b_row;
     int64_t run = (lines + threads - 1) / threads;
-    if (!along_k) run = std::max(run, std::min(kVectorRun, lines));
+    if (!vector_along_k(P)) run = std::max(run, std::min(kVectorRun, lines));
     run = (run + unit - 1) / unit * unit;
     parallel_tiles(threads, (lines + run - 1) / run, [&](int64_t r) {
         const int64_t l0 = r * run, count = std::min(run, lines - l0);
