@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kWarps * 32) kernel(Params p) {
     }
     __syncthreads();
     const int r = threadIdx.x / S, i = threadIdx.x % S;
-    if (r >= rows || i >= p.small_rows) return;  // rows <= kRowsPerBlock
+    if (r >= rows || r >= kRowsPerBlock || i >= p.small_rows) return;
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += partial[w][r][i];
