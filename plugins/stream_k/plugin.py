@@ -61,6 +61,9 @@ CUDA_CATALOG = (
     _coop(128, 128, 1, 2, decomposition="split_k", splits=3),
     _coop(128, 128, 1, 2, decomposition="split_k", splits=8),
     _coop(256, 128, 1, 2, decomposition="split_k", splits=4),
+    # few tiles of a long K (256 x 1024 x 32768: eight 256x128 tiles): every SM busy on
+    # K slices while the 1x2 cluster multicasts A, the smaller operand's tile read once
+    _coop(256, 128, 1, 2), _coop(256, 128, 1, 2, decomposition="split_k", splits=16),
 )
 
 
