@@ -183,7 +183,7 @@ SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "c
     catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",))
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()
 # What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
-# cooperative kernels with K split in 2 and 4 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
+# cooperative kernels with K split in 2, 4 and 8 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
 SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
 # The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against
 SETS["gemv"] = lambda: [c for c in test_configs() if c.target_params["schedule"] == "gemv"] + \
