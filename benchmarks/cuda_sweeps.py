@@ -119,10 +119,11 @@ SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "batc
         "all": everything}
 
 
-def selected(variant: str, calls: list) -> list:
+def selected(variant: str, calls: list, tuning=None) -> list:
     """The configs selection picks (no GPU needed: NVIDIA's model ranks
-    the catalog) for calls of `variant`'s kind: each call a dict of
-    operand name -> (shape, strides in elements, dtype token) and choices."""
+    the catalog; `tuning`: a TuningDatabase whose winners decide first) for
+    calls of `variant`'s kind: each call a dict of operand name -> (shape,
+    strides in elements, dtype token) and choices (out_dtype among them)."""
     import numpy as np
 
     from dispatcher import dtypes, kinds
@@ -130,7 +131,7 @@ def selected(variant: str, calls: list) -> list:
     from dispatcher.plugins import get_manager
     from dispatcher.problem import ArraySpec
 
-    record, d = get_manager().variant(variant), Dispatcher(tuning=None)
+    record, d = get_manager().variant(variant), Dispatcher(tuning=tuning)
     out = {}
     for operands, choices in calls:
         def spec(name):
@@ -140,7 +141,9 @@ def selected(variant: str, calls: list) -> list:
             dtype = dtypes.get(token).numpy
             return ArraySpec(shape, tuple(s * np.dtype(dtype).itemsize for s in strides), np.dtype(dtype))
         specs = tuple((o.name, spec(o.name)) for o in kinds.operands_of(record))
-        layout = kinds.layout(record, specs, tuple(sorted(choices.items())), None, "cuda", False)
+        choices = dict(choices)
+        out_dtype = choices.pop("out_dtype", None)
+        layout = kinds.layout(record, specs, tuple(sorted(choices.items())), out_dtype, "cuda", False)
         config = d.select(layout.problem)
         out[config.name] = config
     return list(out.values())
@@ -175,7 +178,32 @@ def torch_test_configs() -> list:
     return selected("regular", calls)
 
 
+def default_configs() -> list:
+    """What benchmarks/cuda_gemm.py's default column runs: the kernels a
+    fresh install selects, the shipped winners first, for its bf16 rcr
+    corpus (regular, unaligned, skinny, stream_k), its random shapes and
+    its fp8 squares (sm_90a: $DISPATCHER_CUDA_ARCH, else 90a without a GPU).
+    Built ahead, no first call of the benchmark compiles."""
+    import tempfile
+    from pathlib import Path
+
+    from common import load_shapes
+    from cuda_gemm import random_shapes
+    from dispatcher.tuning import TuningDatabase
+
+    fresh = TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite")
+    rcr = lambda m, n, k, t="bf16": {"a": ((m, k), (k, 1), t), "b": ((k, n), (1, k), t)}  # noqa: E731
+    corpus = load_shapes()["gpu"]
+    plain = [(rcr(*s), {}) for part in ("regular", "unaligned", "skinny") for s in corpus[part]]
+    plain += [(rcr(*s), {}) for s in random_shapes()]
+    fp8 = [(rcr(*s, "fp8_e4m3"), {"out_dtype": "bf16"}) for s in corpus["regular"]
+           if min(s) >= 4096 and s[0] == s[1] == s[2]]
+    stream_k = [(rcr(*s), {}) for s in corpus["stream_k"]]
+    return selected("regular", plain + fp8, fresh) + selected("stream_k", stream_k, fresh)
+
+
 SETS["overhead"] = overhead_configs
+SETS["defaults"] = default_configs
 SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
 # What `gpu_session.sh tune` sweeps with TUNE_SPECS="$(cat benchmarks/sweeps/cuda_tuning_specs_full.txt)"
 # (a Linear's forward rcr, dX rrr and dW crr in bf16 and fp16, fp8 rcr) and cuda_gemm.py's fp8 part
