@@ -213,6 +213,8 @@ SETS["torch"] = lambda: torch_configs() + torch_test_configs()
 # What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
 # cooperative kernels with K split in 2, 4 and 8 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
 SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
+# What `TUNE_SWEEP=catalog_raster.json TUNE_SPECS=stream_k:bf16:rcr:cuda_tuning_grid_stream_k` sweeps
+SETS["stream_k_raster"] = lambda: _sweep("catalog_raster.json", "bf16", "rcr", "stream_k")
 # The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against
 SETS["gemv"] = lambda: [c for c in test_configs() if c.target_params["schedule"] == "gemv"] + \
     catalog(("regular",), ("bf16",), ("rcr",))
