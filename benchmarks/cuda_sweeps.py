@@ -202,8 +202,31 @@ def default_configs() -> list:
     return selected("regular", plain + fp8, fresh) + selected("stream_k", stream_k, fresh)
 
 
+def mlp_configs() -> list:
+    """What benchmarks/torch_mlp.py's --grid selects (shipped winners first):
+    each cell's six GEMMs (forward rcr, dX rrr, dW crr of both layers)."""
+    import tempfile
+    from pathlib import Path
+
+    from dispatcher.tuning import TuningDatabase
+    from torch_mlp import GRID_D, GRID_TOKENS
+
+    d = Dispatcher(tuning=TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite"))
+    out = {}
+    for width in GRID_D:
+        hidden = round(2.75 * width / 64) * 64
+        for tokens in GRID_TOKENS:
+            for n_in, n_out in ((width, hidden), (hidden, width)):
+                for m, n, k, layout in ((tokens, n_out, n_in, "rcr"), (tokens, n_in, n_out, "rrr"),
+                                        (n_out, n_in, tokens, "crr")):
+                    config = d.select(GemmProblem(m, n, k, "bf16", "bf16", layout, "regular", "cuda"))
+                    out[config.name] = config
+    return list(out.values())
+
+
 SETS["overhead"] = overhead_configs
 SETS["defaults"] = default_configs
+SETS["mlp"] = mlp_configs
 SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
 # What `gpu_session.sh tune` sweeps with TUNE_SPECS="$(cat benchmarks/sweeps/cuda_tuning_specs_full.txt)"
 # (a Linear's forward rcr, dX rrr and dW crr in bf16 and fp16, fp8 rcr) and cuda_gemm.py's fp8 part
