@@ -178,20 +178,25 @@ def torch_test_configs() -> list:
     return selected("regular", calls)
 
 
+def _fresh_tuning():
+    """An empty tuning database of its own: selection reads the shipped winners only, as on a fresh install."""
+    import tempfile
+    from pathlib import Path
+
+    from dispatcher.tuning import TuningDatabase
+    return TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite")
+
+
 def default_configs() -> list:
     """What benchmarks/cuda_gemm.py's default column runs: the kernels a
     fresh install selects, the shipped winners first, for its bf16 rcr
     corpus (regular, unaligned, skinny, stream_k), its random shapes and
     its fp8 squares (sm_90a: $DISPATCHER_CUDA_ARCH, else 90a without a GPU).
     Built ahead, no first call of the benchmark compiles."""
-    import tempfile
-    from pathlib import Path
-
     from common import load_shapes
     from cuda_gemm import random_shapes
-    from dispatcher.tuning import TuningDatabase
 
-    fresh = TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite")
+    fresh = _fresh_tuning()
     rcr = lambda m, n, k, t="bf16": {"a": ((m, k), (k, 1), t), "b": ((k, n), (1, k), t)}  # noqa: E731
     corpus = load_shapes()["gpu"]
     plain = [(rcr(*s), {}) for part in ("regular", "unaligned", "skinny") for s in corpus[part]]
@@ -204,24 +209,13 @@ def default_configs() -> list:
 
 def mlp_configs() -> list:
     """What benchmarks/torch_mlp.py's --grid selects (shipped winners first):
-    each cell's six GEMMs (forward rcr, dX rrr, dW crr of both layers)."""
-    import tempfile
-    from pathlib import Path
+    each cell's six GEMMs."""
+    from torch_mlp import GRID_D, GRID_TOKENS, gemm_problems, grid_hidden
 
-    from dispatcher.tuning import TuningDatabase
-    from torch_mlp import GRID_D, GRID_TOKENS
-
-    d = Dispatcher(tuning=TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite"))
-    out = {}
-    for width in GRID_D:
-        hidden = round(2.75 * width / 64) * 64
-        for tokens in GRID_TOKENS:
-            for n_in, n_out in ((width, hidden), (hidden, width)):
-                for m, n, k, layout in ((tokens, n_out, n_in, "rcr"), (tokens, n_in, n_out, "rrr"),
-                                        (n_out, n_in, tokens, "crr")):
-                    config = d.select(GemmProblem(m, n, k, "bf16", "bf16", layout, "regular", "cuda"))
-                    out[config.name] = config
-    return list(out.values())
+    d = Dispatcher(tuning=_fresh_tuning())
+    configs = [d.select(problem) for width in GRID_D for tokens in GRID_TOKENS
+               for problem in gemm_problems(width, grid_hidden(width), tokens, "cuda").values()]
+    return list({c.name: c for c in configs}.values())
 
 
 SETS["overhead"] = overhead_configs

@@ -161,7 +161,7 @@ def grid(args) -> dict:
     of host or GPU bounds the dispatcher's step."""
     device, dtype, cells = torch.device("cuda"), torch.bfloat16, []
     for d in GRID_D:
-        h = round(2.75 * d / 64) * 64
+        h = grid_hidden(d)
         for tokens in GRID_TOKENS:
             base = mlp(d, h, device, dtype)
             models = {"nn.Linear": base, "dispatcher": dt.swap_linears(copy.deepcopy(base))}
@@ -204,16 +204,28 @@ def agreement(models: dict, x, grad) -> dict:
             "weight_grad": max_rel(as_numpy(model[0].weight.grad), as_numpy(ref_model[0].weight.grad))}
 
 
-def selected_kernels(d: int, h: int, tokens: int, target: str) -> dict:
-    """{GEMM: kernel} of the six GEMMs one step runs (as selected, or tuned)."""
+def grid_hidden(d: int) -> int:
+    """The grid's hidden width for model width d: 2.75 d, a multiple of 64."""
+    return round(2.75 * d / 64) * 64
+
+
+def gemm_problems(d: int, h: int, tokens: int, target: str) -> dict:
+    """{GEMM: problem} of the six GEMMs one step runs: each layer's forward
+    (rcr), dX (rrr) and dW (crr)."""
     gemms = {}
     for layer, (n_in, n_out) in (("up", (d, h)), ("down", (h, d))):
         for role, (m, n, k, layout) in (("forward", (tokens, n_out, n_in, "rcr")),
                                         ("dX", (tokens, n_in, n_out, "rrr")),
                                         ("dW", (n_out, n_in, tokens, "crr"))):
-            problem = GemmProblem(m, n, k, "bf16", "bf16", layout, "regular", target)
-            gemms[f"{layer} {role} {m}x{n}x{k} {layout}"] = default_dispatcher().select(problem).name
+            gemms[f"{layer} {role} {m}x{n}x{k} {layout}"] = GemmProblem(m, n, k, "bf16", "bf16", layout, "regular",
+                                                                         target)
     return gemms
+
+
+def selected_kernels(d: int, h: int, tokens: int, target: str) -> dict:
+    """{GEMM: kernel} of the six GEMMs one step runs (as selected, or tuned)."""
+    return {name: default_dispatcher().select(problem).name
+            for name, problem in gemm_problems(d, h, tokens, target).items()}
 
 
 def versions(device) -> dict:
