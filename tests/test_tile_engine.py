@@ -150,6 +150,7 @@ def _kill_session(proc):
     proc.wait(timeout=60)
 
 
+@pytest.mark.slow  # 24 s on a 2-core EPYC: CI runs it in its slow step
 def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     out = tmp_path / "out"
     config = {"behaviour": {"values": ["ok"]}, "tile_m": {"values": [12, 24, 36, 48]},
@@ -229,6 +230,7 @@ def test_a_sweep_killed_while_building_leaves_no_process(tmp_path):
         _kill_session(proc)
 
 
+@pytest.mark.slow  # 17 s on a 2-core EPYC: CI runs it in its slow step
 def test_cpu_fake_device_list_merges_results(tmp_path, monkeypatch):
     # a cache of its own: the check below that a refused sweep built nothing
     # must not see kernels other tests (other xdist workers) add meanwhile
