@@ -119,11 +119,11 @@ SETS = {"catalog": catalog, "tests": test_configs, "torch": torch_configs, "batc
         "all": everything}
 
 
-def selected(variant: str, calls: list, tuning=None) -> list:
-    """The configs selection picks (no GPU needed: NVIDIA's model ranks
-    the catalog; `tuning`: a TuningDatabase whose winners decide first) for
-    calls of `variant`'s kind: each call a dict of operand name -> (shape,
-    strides in elements, dtype token) and choices (out_dtype among them)."""
+def selected(variant: str, calls: list, d: Dispatcher | None = None) -> list:
+    """The configs `d` selects (no GPU needed: NVIDIA's model ranks the
+    catalog; default: a Dispatcher without tuning winners) for calls of
+    `variant`'s kind: each call a dict of operand name -> (shape, strides in
+    elements, dtype token) and choices (out_dtype among them)."""
     import numpy as np
 
     from dispatcher import dtypes, kinds
@@ -131,7 +131,7 @@ def selected(variant: str, calls: list, tuning=None) -> list:
     from dispatcher.plugins import get_manager
     from dispatcher.problem import ArraySpec
 
-    record, d = get_manager().variant(variant), Dispatcher(tuning=tuning)
+    record, d = get_manager().variant(variant), d or Dispatcher(tuning=None)
     out = {}
     for operands, choices in calls:
         def spec(name):
@@ -178,15 +178,6 @@ def torch_test_configs() -> list:
     return selected("regular", calls)
 
 
-def _fresh_tuning():
-    """An empty tuning database of its own: selection reads the shipped winners only, as on a fresh install."""
-    import tempfile
-    from pathlib import Path
-
-    from dispatcher.tuning import TuningDatabase
-    return TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite")
-
-
 def default_configs() -> list:
     """What benchmarks/cuda_gemm.py's default column runs: the kernels a
     fresh install selects, the shipped winners first, for its bf16 rcr
@@ -194,9 +185,9 @@ def default_configs() -> list:
     its fp8 squares (sm_90a: $DISPATCHER_CUDA_ARCH, else 90a without a GPU).
     Built ahead, no first call of the benchmark compiles."""
     from common import load_shapes
-    from cuda_gemm import random_shapes
+    from cuda_gemm import fresh, random_shapes
 
-    fresh = _fresh_tuning()
+    d = fresh()
     rcr = lambda m, n, k, t="bf16": {"a": ((m, k), (k, 1), t), "b": ((k, n), (1, k), t)}  # noqa: E731
     corpus = load_shapes()["gpu"]
     plain = [(rcr(*s), {}) for part in ("regular", "unaligned", "skinny") for s in corpus[part]]
@@ -204,15 +195,16 @@ def default_configs() -> list:
     fp8 = [(rcr(*s, "fp8_e4m3"), {"out_dtype": "bf16"}) for s in corpus["regular"]
            if min(s) >= 4096 and s[0] == s[1] == s[2]]
     stream_k = [(rcr(*s), {}) for s in corpus["stream_k"]]
-    return selected("regular", plain + fp8, fresh) + selected("stream_k", stream_k, fresh)
+    return selected("regular", plain + fp8, d) + selected("stream_k", stream_k, d)
 
 
 def mlp_configs() -> list:
     """What benchmarks/torch_mlp.py's --grid selects (shipped winners first):
     each cell's six GEMMs."""
+    from cuda_gemm import fresh
     from torch_mlp import GRID_D, GRID_TOKENS, gemm_problems, grid_hidden
 
-    d = Dispatcher(tuning=_fresh_tuning())
+    d = fresh()
     configs = [d.select(problem) for width in GRID_D for tokens in GRID_TOKENS
                for problem in gemm_problems(width, grid_hidden(width), tokens, "cuda").values()]
     return list({c.name: c for c in configs}.values())

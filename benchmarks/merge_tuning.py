@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
+from dispatcher.tuning import SCOPE
 
 
 def merged(new: list, shipped: list) -> list:

@@ -54,7 +54,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # factor of 2 in each of the three sizes. Past it the winner says little (a
 # GEMV is no 512-wide GEMM) and the selection model ranks instead.
 NEAREST_WITHIN = 2
-_SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
+# The columns one set of winners is tuned for (a sweep covers one scope over its grid of problems).
+SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +66,7 @@ def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
     for path in sorted(directory.glob("*.json")):
         try:
             for r in read_json(path, "shipped tuning winners", DispatcherError)["rows"]:
-                scope = tuple(r[c] for c in _SCOPE)
+                scope = tuple(r[c] for c in SCOPE)
                 sizes = (r["size_a"], r["size_b"], r["size_c"])
                 if not isinstance(r["problem"], str) or not isinstance(r["config"], dict) or \
                         not all(type(x) in (int, float) for x in sizes):
