@@ -87,6 +87,9 @@ def test_configs() -> list:
     for bias, activation in (("col", "gelu"), ("row", "relu")):  # test_regular_split_k_alpha_beta_and_epilogue's
         out.append(KernelConfig.create(dtype="bf16", layout="rrr", tile_k=64, splits=3, bias=bias,
                                        activation=activation, **TILE))
+    for layout, epilogue in (("rcr", {}), ("rrr", {}), ("rrr", dict(bias="col", activation="relu"))):
+        out.append(KernelConfig.create(dtype="bf16", layout=layout, tile_k=64, decomposition="hybrid",
+                                       **epilogue, **TILE))  # test_regular_hybrid*'s
     gemv = dict(target="cuda", layout="rcr", tile_m=4, tile_n=4, tile_k=64, cluster_m=1, cluster_n=1,
                 schedule="gemv")  # the gemv tests'
     out += [KernelConfig.create(dtype=dtype, **gemv) for dtype in ("bf16", "fp16")]
@@ -222,6 +225,7 @@ SETS["torch"] = lambda: torch_configs() + torch_test_configs()
 # What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
 # cooperative kernels with K split in 2, 4 and 8 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
 SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
+SETS["hybrid"] = lambda: _sweep("catalog_hybrid.json", "bf16", "rcr")  # the split-K set's and the hybrid kernels
 # What `TUNE_SWEEP=catalog_raster.json TUNE_SPECS=stream_k:bf16:rcr:cuda_tuning_grid_stream_k` sweeps
 SETS["stream_k_raster"] = lambda: _sweep("catalog_raster.json", "bf16", "rcr", "stream_k")
 # The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against

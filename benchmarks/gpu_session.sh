@@ -70,7 +70,9 @@ for step in "$@"; do
     # the sm_90a.json of this repository; benchmarks/sweeps/cuda_tuning_specs_full.txt adds fp16, crr
     # and fp8: build them first with BUILD_SET=tune), exported with the GPU's name; TUNE_SWEEP names
     # another sweep file (catalog_raster.json: each catalog kernel in both raster orders too;
-    # catalog_splitk.json: its cooperative kernels with K split in 2, 4 and 8 too, BUILD_SET=splitk); TUNE_KEEP=1
+    # catalog_splitk.json: its cooperative kernels with K split in 2, 4 and 8 too, BUILD_SET=splitk;
+    # catalog_hybrid.json: those and its cooperative kernels in the hybrid decomposition, BUILD_SET=hybrid;
+    # grid cuda_tuning_grid_mid: mid-size shapes between the main grid's powers of two); TUNE_KEEP=1
     # adds to the database of an earlier tune step on the same machine (sweeps split over calls)
     tune) [ -n "${TUNE_KEEP:-}" ] || rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
           for spec in ${TUNE_SPECS:-regular:bf16:rcr:cuda_tuning_grid regular:bf16:rrr:cuda_tuning_grid stream_k:bf16:rcr:cuda_tuning_grid_stream_k}; do

@@ -29,12 +29,15 @@ CONFIGS = [
     dict(variant="regular", dtype="fp16", layout="rcr", schedule="gemv", tile_m=4, tile_n=4, bias="row",
          activation="silu"),
 ]
-# The batched variant (batch mode L) and both CUTLASS bias fusions: about
-# five more minutes of nvcc on 2 cores, so outside the fast suite (.ci/run
-# runs them after it: -m "slow and nvcc").
+# The batched variant (batch mode L), both CUTLASS bias fusions and the
+# regular variant's hybrid decomposition: about five more minutes of nvcc on
+# 2 cores, so outside the fast suite (.ci/run runs them after it:
+# -m "slow and nvcc"). Each with the end its name must have.
 EPILOGUE_CONFIGS = [
-    dict(variant="batched", dtype="bf16", layout="rcr", bias="col", activation="gelu"),
-    dict(variant="regular", dtype="fp8_e4m3", layout="rcr", bias="row", activation="relu"),
+    (dict(variant="batched", dtype="bf16", layout="rcr", bias="col", activation="gelu"), "_batched_biascol_gelu"),
+    (dict(variant="regular", dtype="fp8_e4m3", layout="rcr", bias="row", activation="relu"), "_biasrow_relu"),
+    (dict(variant="regular", dtype="bf16", layout="rrr", bias="col", activation="relu", decomposition="hybrid"),
+     "_biascol_relu_hybrid"),
 ]
 
 
@@ -67,11 +70,11 @@ def test_each_variant_compiles_and_exports_its_abi(built):
 
 
 @pytest.mark.slow
-def test_batched_and_fused_epilogue_instances_compile():
-    for config, lib in build_all(EPILOGUE_CONFIGS):
+def test_batched_fused_epilogue_and_hybrid_instances_compile():
+    built = build_all([fields for fields, _ in EPILOGUE_CONFIGS])
+    for (config, lib), (_, suffix) in zip(built, EPILOGUE_CONFIGS):
         assert {"dispatcher_run_gemm", "dispatcher_abi_version"} <= _exported_symbols(lib.path)
-        assert lib.name == config.name and config.name.endswith(
-            {"batched": "_batched_biascol_gelu", "regular": "_biasrow_relu"}[config.variant])
+        assert lib.name == config.name and config.name.endswith(suffix), config.name
 
 
 def _exported_symbols(path):
@@ -96,6 +99,19 @@ def test_invalid_cuda_configs_are_rejected_before_nvcc():
                                                  tile_k=64, schedule="pingpong", splits=3))
 
 
+def test_regular_hybrid_is_named_cooperative_and_cuda_only():
+    hybrid = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=256, tile_k=64,
+                                            cluster_m=2, cluster_n=1, decomposition="hybrid")
+    assert hybrid.name.endswith("_c2x1_coop_sauto_hybrid")
+    assert "dcuda::Decomposition<1, true>" in Dispatcher().codegen(hybrid).files[0][1]
+    for bad, match in [(dict(target="cuda", schedule="pingpong", tile_m=64), "cooperative schedule only"),
+                       (dict(target="cuda", splits=2), "takes decomposition=data_parallel"),
+                       (dict(target="cpu", dtype="fp32", tile_m=48, tile_n=64), "cuda schedule")]:
+        fields = {**dict(dtype="bf16", tile_m=128, tile_n=128, tile_k=64, decomposition="hybrid"), **bad}
+        with pytest.raises(dispatcher.ConfigError, match=match):
+            Dispatcher().codegen(dispatcher.KernelConfig.create(**fields))
+
+
 def test_regular_split_k_is_named_and_cuda_only():
     split = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64,
                                            cluster_m=1, cluster_n=2, splits=8, bias="col", activation="gelu")
@@ -103,7 +119,7 @@ def test_regular_split_k_is_named_and_cuda_only():
     plain = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64)
     assert "splitk" not in plain.name  # splits=1 keeps the names (and tuning entries) kernels had
     source = Dispatcher().codegen(split).files[0][1]
-    assert "dcuda::SplitK<8>" in source
+    assert "dcuda::Decomposition<8, false>" in source
     with pytest.raises(dispatcher.ConfigError, match="split-K is a cuda schedule"):
         Dispatcher().codegen(dispatcher.KernelConfig.create(target="cpu", dtype="fp32", tile_m=48, tile_n=64,
                                                             tile_k=64, splits=2))

@@ -123,6 +123,38 @@ def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
     assert max_rel(out.float().cpu().numpy(), expected) <= tolerance(cfg, k)
 
 
+# The regular variant's hybrid decomposition (CUTLASS's stream-K scheduler in
+# its heuristic mode): 144 tiles of 128x128 (a wave of 132 SMs and 12 over,
+# which are shared out stream-K), one partial wave, one tile; with beta and a
+# fused epilogue, which must run once on each tile's sum.
+HYBRID_SHAPES = [(2000, 1032, 4096), (1000, 1032, 1064), (8, 8, 8)]
+
+
+@pytest.mark.parametrize("layout", ["rcr", "rrr"])
+def test_regular_hybrid(layout, gen):
+    for shape in HYBRID_SHAPES:
+        err, tol = run("regular", "bf16", layout, shape, gen, decomposition="hybrid")
+        assert err <= tol, (layout, shape, err)
+
+
+def test_regular_hybrid_alpha_beta_and_epilogue(gen):
+    m, n, k = 2000, 1032, 3000
+    a, b, c = operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "r", gen), operand(m, n, "bf16", "r", gen)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = config("regular", "bf16", "rrr", decomposition="hybrid")
+    dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, out=out, target="cuda", config=cfg)
+    torch.cuda.synchronize()
+    assert max_rel(out.float().cpu().numpy(), reference(a, b, 2.0, c, 0.5)) <= tolerance(cfg, k)
+    bias = operand(1, n, "bf16", "r", gen)[0]
+    out.fill_(float("nan"))
+    cfg = config("regular", "bf16", "rrr", decomposition="hybrid", bias="col", activation="relu")
+    dispatcher.run("regular", a=a, b=b, out=out, bias=bias, activation="relu", alpha=0.5, target="cuda",
+                   config=cfg)
+    torch.cuda.synchronize()
+    expected = np.maximum(0.5 * reference(a, b) + bias.double().cpu().numpy(), 0.0)
+    assert max_rel(out.float().cpu().numpy(), expected) <= tolerance(cfg, k)
+
+
 # The cuda target's gemv schedule (native/cuda/gemv.hpp): M or N up to 4 (its
 # instances for 1, 2 and 4 small rows), K a multiple of 8 (16-byte loads) or not
 # (one element a lane), a K shorter than a block's first step, one and many blocks.

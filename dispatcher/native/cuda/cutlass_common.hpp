@@ -106,19 +106,26 @@ using UniversalGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm:
                          typename T::LayoutB, typename T::LayoutC, Epi>::Epilogue,
     Scheduler>>;
 
-// The tile scheduler of a kernel that sums each output tile over `Splits`
-// slices of K, and what it sets in a call's arguments: CUTLASS's stream-K
-// scheduler in split-K mode, the partial tiles reduced in a fixed order (so
-// results do not vary from run to run); 1 is the persistent data-parallel
-// scheduler. Split-K fills the GPU when a problem has few output tiles and a
-// long K (e.g. M x 1 x 4096: 16 tiles for 132 SMs).
-template <int Splits>
-struct SplitK {
-    using Scheduler = std::conditional_t<(Splits > 1), cutlass::gemm::StreamKScheduler, void>;
+// The tile scheduler of a kernel and what it sets in a call's arguments.
+// `Splits` > 1: CUTLASS's stream-K scheduler in split-K mode, each output
+// tile summed over `Splits` slices of K; split-K fills the GPU when a problem
+// has few output tiles and a long K (e.g. M x 1 x 4096: 16 tiles for 132
+// SMs). `Hybrid`: the same scheduler in its heuristic mode, full waves of
+// tiles data-parallel and the last partial wave shared out stream-K, so a
+// mid-size problem whose tiles leave most SMs idle in the last wave keeps
+// them busy (5120^3 on 128x256 tiles: 800 tiles, 6.06 waves of 132 SMs).
+// Either way the partial tiles are reduced in a fixed order, so results do
+// not vary from run to run. Neither: the persistent data-parallel scheduler.
+template <int Splits, bool Hybrid = false>
+struct Decomposition {
+    static_assert(!(Hybrid && Splits > 1), "split-K and the hybrid decomposition exclude each other");
+    static constexpr bool kStreamK = Hybrid || Splits > 1;
+    using Scheduler = std::conditional_t<kStreamK, cutlass::gemm::StreamKScheduler, void>;
     template <class Arguments>
     static void apply(Arguments& arguments) {
-        if constexpr (Splits > 1) {
-            arguments.scheduler.decomposition_mode = cutlass::gemm::kernel::detail::DecompositionMode::SplitK;
+        if constexpr (kStreamK) {
+            using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
+            arguments.scheduler.decomposition_mode = Hybrid ? Mode::Heuristic : Mode::SplitK;
             arguments.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
             arguments.scheduler.splits = Splits;
         }

@@ -1,6 +1,7 @@
 // gemm-dispatcher regular GEMM, CUDA target: a CUTLASS 3.x SM90 GemmUniversal
-// instance with the persistent data-parallel tile scheduler, or split-K
-// (dcuda::SplitK) where the config splits K; or, for the `gemv` schedule,
+// instance with the persistent data-parallel tile scheduler, or CUTLASS's
+// stream-K scheduler where the config splits K or asks for the hybrid
+// decomposition (dcuda::Decomposition); or, for the `gemv` schedule,
 // the target's kernel for M or N up to 16 (cuda/gemv.hpp). Generated file.
 ${prelude}
 #if DCUDA_GEMV
@@ -14,7 +15,7 @@ int run(const dispatcher_gemm_args* a) {
 }
 #else
 using Epi = dcuda::Epilogue<dcuda::Bias::${bias}, dcuda::Activation::${activation}>;
-using Split = dcuda::SplitK<${splits}>;
+using Split = dcuda::Decomposition<${splits}, ${hybrid}>;
 using Gemm = dcuda::UniversalGemm<T, Epi, Split::Scheduler>;
 
 typename Gemm::Arguments arguments_of(const dispatcher_gemm_args* a) {
