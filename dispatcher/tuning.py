@@ -221,9 +221,16 @@ class TuningDatabase:
         # the equally near (to rounding), the user's own first among them
         nearest = sorted((u for u in usable if u[0] <= least + 1e-9), key=lambda u: u[1:3])
         distance, shipped, tuned, config = nearest[0]
-        if distance >= 0 and len({u[3].name for u in nearest if u[1] == shipped}) > 1:
+        if distance < 0:
+            return Winner(config, tuned, bool(shipped), True)
+        if len({u[3].name for u in nearest if u[1] == shipped}) > 1:
             return False  # neighbours that disagree do not decide
-        return Winner(config, tuned, bool(shipped), distance < 0)
+        # what of a neighbour's winner carries over to this problem (the target's rule)
+        adapted = targets.get(config.target).neighbour_config(config)
+        if adapted.name != config.name and not adapted.problems() and not unmet_fields(problem, adapted):
+            return Winner(adapted, tuned, bool(shipped), False, adapted=f"its target's change for a neighbour "
+                                                                     f"(winner there: {config.name})")
+        return Winner(config, tuned, bool(shipped), False)
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has a usable

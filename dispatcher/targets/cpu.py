@@ -244,6 +244,12 @@ class CpuTarget:
         micro-kernel (AMX) computes ranks before one that falls back."""
         return cpu_isa.get(config.target_params["isa"]).micro_kernel(config.dtype_a).rate
 
+    def neighbour_config(self, config):
+        """The config to run a problem that only a nearby tuned problem's
+        winner `config` decides: that one (nothing in a CPU config is tied
+        to the problem it was measured on)."""
+        return config
+
     def computed_tile(self, problem, config) -> tuple:
         """(rows, columns) one block tile computes: a tile larger than the
         problem runs only the micro-tiles that cover it (a 64-row tile of
