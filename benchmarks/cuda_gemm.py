@@ -89,13 +89,12 @@ def launch_time(launch, timing) -> tuple:
 
 
 def best_of_catalog(d, problem, ops, timing, default=None) -> tuple:
-    """(seconds, kernel, {kernel: microseconds}) of the fastest catalog
-    kernel on prepared operands, and every catalog kernel's time (the data
-    selection's regret and a calibration of its model are computed from),
-    each the kernel alone (`launch_time`). `default`: the default
-    selection's config, timed too where the catalog lacks it (a tuned
-    split-K kernel) so that its regret is known; it is not a candidate
-    for the best."""
+    """(seconds, kernel, {kernel: microseconds}, default microseconds) of the
+    fastest catalog kernel on prepared operands, every catalog kernel's time
+    (the data selection's regret and a calibration of its model are computed
+    from), each the kernel alone (`launch_time`), and the time of `default`
+    (the default selection's config) timed the same way: from the catalog's,
+    or timed apart where the catalog lacks it (a tuned split-K kernel)."""
     best, times, methods = (float("inf"), None), {}, {}
     catalog = list(d.candidates(problem))
     names = {c.name for c in catalog}
@@ -114,15 +113,16 @@ def best_of_catalog(d, problem, ops, timing, default=None) -> tuple:
     launched = [name for name, how in methods.items() if how == "launch"]
     if launched:  # not comparable with the graph-timed ones: said, not hidden
         print(f"  timed with host work (no CUDA graph): {', '.join(launched)}", flush=True)
-    return (*best, times)
+    default_us = times.get(default.name) if default is not None else None
+    return (*best, {name: t for name, t in times.items() if name in names}, default_us)
 
 
-def regret(chosen: str, catalog_us: dict, t_best: float) -> float:
+def regret(default_us, t_best: float) -> float:
     """Selection's regret: the default kernel's time over the best catalog
     kernel's, both timed the same way (`best_of_catalog`: the launch alone),
     so that a call's host work, which the default column includes and which
     outlasts a small kernel, does not count as a wrong choice."""
-    return catalog_us[chosen] / (t_best * 1e6) if chosen in catalog_us else float("nan")
+    return default_us / (t_best * 1e6) if default_us else float("nan")
 
 
 def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dict:
@@ -144,10 +144,11 @@ def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dic
     autotune_cost = time.perf_counter() - started
     t_autotune = timed(lambda: call(tuned, True), timing)
     problem, ops = problem_of()
-    t_best, best_name, catalog_us = best_of_catalog(d, problem, ops, timing, chosen_config or None)
+    t_best, best_name, catalog_us, default_kernel_us = best_of_catalog(d, problem, ops, timing,
+                                                                       chosen_config or None)
     return dict(torch_us=baseline_s * 1e6, default_us=t_default * 1e6, autotune_us=t_autotune * 1e6,
                 best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
-                regret=regret(chosen, catalog_us, t_best),
+                default_kernel_us=default_kernel_us, regret=regret(default_kernel_us, t_best),
                 autotune_winner=tuned.autotune_log[0]["winner"] if tuned.autotune_log else None,
                 autotune_cost_s=autotune_cost,
                 default_vs_torch=baseline_s / t_default, autotune_vs_torch=baseline_s / t_autotune,
@@ -218,10 +219,11 @@ def bench_random(timing) -> list:
         session = get_target("cuda").session(a, b)
         problem, ops, _ = prepare_gemm(*session.arrays, variant="regular", target="cuda",
                                        memory=session.memory, allocate=session.empty)
-        t_best, best_name, catalog_us = best_of_catalog(d, problem, ops, timing, chosen_config or None)
+        t_best, best_name, catalog_us, default_kernel_us = best_of_catalog(d, problem, ops, timing, chosen_config)
         rows.append(dict(M=m, N=n, K=k, torch_us=t_torch * 1e6, default_us=t_default * 1e6, best_us=t_best * 1e6,
                          default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
-                         regret=regret(chosen, catalog_us, t_best), default_vs_torch=t_torch / t_default,
+                         default_kernel_us=default_kernel_us, regret=regret(default_kernel_us, t_best),
+                         default_vs_torch=t_torch / t_default,
                          best_vs_torch=t_torch / t_best))
         print(f"random {m}x{n}x{k}: default {rows[-1]['default_vs_torch']:.3f} best {rows[-1]['best_vs_torch']:.3f} "
               f"regret {rows[-1]['regret']:.3f} ({chosen} / {best_name})", flush=True)

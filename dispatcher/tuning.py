@@ -6,7 +6,8 @@ fastest kernel's config and time. Writers from several processes are safe:
 WAL journal, a busy timeout, and an upsert that keeps the faster entry.
 `lookup` answers exactly tuned problems, else the nearest tuned problem of
 the same kind within a factor 2 of each size (by the log-distance of the
-sizes).
+sizes), whose winner runs as its target carries it over (`neighbour_config`:
+on cuda without its swizzle).
 
 Shipped winners: `dispatcher/data/tuning/*.json` hold rows of the same
 kind, measured by the tile engine's catalog sweeps on a named GPU (each
@@ -87,7 +88,7 @@ class Winner:
     problem: str
     shipped: bool
     exact: bool
-    adapted: str = ""  # what the winner's tiles run with that its own problem did not have (an epilogue, an output)
+    adapted: str = ""  # what the config changes from the tuned winner (an epilogue, an output, a neighbour's swizzle)
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
@@ -168,8 +169,9 @@ class TuningDatabase:
         """The tuned entry that decides `problem`, or None: an exact entry
         (the user's own before a shipped one), else the winner of the
         nearest tuned problem within a factor `NEAREST_WITHIN` of each size
-        (the user's own, where any is that near). Equally near neighbours
-        whose winners disagree leave it to the selection model (1024^3
+        (the user's own, where any is that near), as its target carries it
+        over (`_carried_over`). Equally near neighbours whose winners would
+        run different kernels leave it to the selection model (1024^3
         between grid shapes of 512 and 2048: their four winners ran up to
         13% slower than the model's pick on the H100). A problem that no
         winner of its own decides takes, in `_relaxed` order, the winner of
@@ -192,7 +194,8 @@ class TuningDatabase:
             except DispatcherError:
                 continue
             if not config.problems():  # not exact: autotune (`has`) still measures the problem itself
-                return attrs.evolve(found, config=config, adapted=what, exact=False)
+                return attrs.evolve(found, config=config, exact=False,
+                                    adapted="; ".join(x for x in (what, found.adapted) if x))
         return None
 
     def _winner(self, problem) -> "Winner | None | bool":
@@ -223,14 +226,21 @@ class TuningDatabase:
         distance, shipped, tuned, config = nearest[0]
         if distance < 0:
             return Winner(config, tuned, bool(shipped), True)
-        if len({u[3].name for u in nearest if u[1] == shipped}) > 1:
-            return False  # neighbours that disagree do not decide
-        # what of a neighbour's winner carries over to this problem (the target's rule)
+        carried = [(u[1], self._carried_over(problem, u[3])) for u in nearest]
+        if len({c.name for s, c in carried if s == shipped}) > 1:
+            return False  # neighbours whose winners would run different kernels do not decide
+        adapted = carried[0][1]
+        note = f"its target's change for a neighbour (winner there: {config.name})" if adapted is not config else ""
+        return Winner(adapted, tuned, bool(shipped), False, adapted=note)
+
+    @staticmethod
+    def _carried_over(problem, config):
+        """What of a neighbour's winner `config` runs `problem`: its target's
+        `neighbour_config` of it where that config can run it, else itself."""
         adapted = targets.get(config.target).neighbour_config(config)
         if adapted.name != config.name and not adapted.problems() and not unmet_fields(problem, adapted):
-            return Winner(adapted, tuned, bool(shipped), False, adapted=f"its target's change for a neighbour "
-                                                                     f"(winner there: {config.name})")
-        return Winner(config, tuned, bool(shipped), False)
+            return adapted
+        return config
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has a usable

@@ -124,10 +124,11 @@ def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
 
 
 # The regular variant's hybrid decomposition (CUTLASS's stream-K scheduler in
-# its heuristic mode): 144 tiles of 128x128 (a wave of 132 SMs and 12 over,
-# which are shared out stream-K), one partial wave, one tile; with beta and a
-# fused epilogue, which must run once on each tile's sum.
-HYBRID_SHAPES = [(2000, 1032, 4096), (1000, 1032, 1064), (8, 8, 8)]
+# its heuristic mode) on 128x128 tiles in 1x2 clusters, 132 SMs: 280 tiles
+# (2.1 waves: 132 data-parallel, the last full wave and the partial one
+# stream-K), aligned and not; 160 tiles (two waves or fewer: every tile
+# stream-K); 80 (a last wave at least half full: data-parallel); one tile.
+HYBRID_SHAPES = [(2560, 1792, 1024), (2500, 1780, 1000), (2000, 1032, 4096), (1000, 1032, 1064), (8, 8, 8)]
 
 
 @pytest.mark.parametrize("layout", ["rcr", "rrr"])
@@ -137,8 +138,15 @@ def test_regular_hybrid(layout, gen):
         assert err <= tol, (layout, shape, err)
 
 
-def test_regular_hybrid_alpha_beta_and_epilogue(gen):
-    m, n, k = 2000, 1032, 3000
+def test_regular_hybrid_is_deterministic(gen):
+    a, b = operand(2560, 1024, "bf16", "r", gen), operand(1024, 1792, "bf16", "c", gen)
+    cfg = config("regular", "bf16", "rcr", decomposition="hybrid")
+    outs = [dispatcher.gemm(a, b, target="cuda", config=cfg) for _ in range(5)]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("m, n, k", [(2500, 1780, 1000), (2000, 1032, 3000)])
+def test_regular_hybrid_alpha_beta_and_epilogue(m, n, k, gen):
     a, b, c = operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "r", gen), operand(m, n, "bf16", "r", gen)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = config("regular", "bf16", "rrr", decomposition="hybrid")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -473,8 +474,7 @@ def test_equally_near_winners_that_disagree_leave_it_to_the_model(tmp_path):
 def test_a_neighbours_swizzled_cuda_winner_runs_unswizzled(tmp_path):
     """The cuda target's `neighbour_config`: a swizzle won on the tile grid
     of the problem it was measured on, so a nearby problem takes the
-    winner's unswizzled twin; the problem itself keeps the swizzle, and the
-    CPU target carries a neighbour's winner over as it is."""
+    winner's unswizzled twin; the problem itself keeps the swizzle."""
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
     swizzled = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=256, tile_k=64,
                                               cluster_m=2, cluster_n=1, swizzle=4)
@@ -484,9 +484,17 @@ def test_a_neighbours_swizzled_cuda_winner_runs_unswizzled(tmp_path):
     near = db.winner(GemmProblem(6411, 2391, 4929, "bf16", "bf16", "rcr", "regular", "cuda"))
     assert near.config == swizzled.replace(swizzle=1) and not near.exact
     assert swizzled.name in near.adapted and swizzled.name not in near.config.name
-    cpu = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
-    db.record(GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), cpu, 1.0)
-    assert db.lookup(GemmProblem(290, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")) == cpu
+    # equally near neighbours whose winners are the swizzled kernel and its twin agree: both would run the twin
+    two = TuningDatabase(tmp_path / "two.sqlite", shipped=False)
+    two.record(GemmProblem(4096, 2048, 8192, "bf16", "bf16", "rcr", "regular", "cuda"), swizzled, 1.0)
+    two.record(GemmProblem(8192, 2048, 4096, "bf16", "bf16", "rcr", "regular", "cuda"), swizzled.replace(swizzle=1), 1.0)
+    assert two.lookup(GemmProblem(6000, 2048, 6000, "bf16", "bf16", "rcr", "regular", "cuda")) == \
+        swizzled.replace(swizzle=1)
+    # a fused epilogue's call says both changes
+    fused = db.winner(attrs.evolve(GemmProblem(6411, 2391, 4929, "bf16", "bf16", "rcr", "regular", "cuda"),
+                                   out_dtype="fp32"))
+    assert fused.config == swizzled.replace(swizzle=1, dtype_c="fp32")
+    assert "fp32 output" in fused.adapted and swizzled.name in fused.adapted
 
 
 def _write_many(path, start):

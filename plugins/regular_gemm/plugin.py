@@ -67,15 +67,18 @@ CUDA_CATALOG = (
 )
 
 # How output tiles become work (the cuda template's dcuda::Decomposition):
-# K slices summed per output tile (split-K), or the hybrid decomposition,
-# whose last partial wave of tiles is shared out stream-K. Both run on
-# CUTLASS's stream-K scheduler with a deterministic fix-up; the `stream_k`
-# variant offers its other modes and reductions.
-SPLITS = Option("splits", 1, "K slices per output tile (cuda split-K; 1: one block tile per work item)",
-                low=1, high=16)
+# K slices summed per output tile (split-K), or the hybrid decomposition:
+# CUTLASS's heuristic, which keeps a problem data-parallel where its last
+# wave of tiles is at least half full (or a tile has 8 K tiles or fewer) and
+# otherwise shares the last full and the partial wave out stream-K (every
+# tile, with two waves or fewer). Both run on CUTLASS's stream-K scheduler
+# with a fixed-order fix-up; the `stream_k` variant offers its other modes
+# and reductions.
+SPLITS = Option("splits", 1, "K slices per output tile (cuda split-K; 1: no split)", low=1, high=16)
 DECOMPOSITION = Option("decomposition", "data_parallel",
-                       "data_parallel (persistent, a whole tile per work item) or hybrid (cuda: full waves "
-                       "data-parallel, the last partial wave stream-K)", choices=("data_parallel", "hybrid"))
+                       "data_parallel (persistent, a whole tile per work item) or hybrid (cuda: CUTLASS's "
+                       "heuristic, the last waves stream-K where the last one is less than half full)",
+                       choices=("data_parallel", "hybrid"))
 
 
 def name_suffix(opts: dict) -> str:
@@ -117,13 +120,17 @@ RECORD = VariantRecord(
     name_suffix=name_suffix,
     check=check,
     k_splits=lambda config: config.variant_params["splits"],
+    # a hybrid tile's stream-K pieces: at most one per worker, as the stream_k variant's
+    partial_sums=lambda config: (targets.get(config.target).parallelism(config)
+                                 if config.variant_params["decomposition"] == "hybrid"
+                                 else config.variant_params["splits"]),
     packs_a_once=True,  # templates/cpu.cpp: dcpu::SharedPackedA
     target_schedules=("gemv",),  # templates/cuda.cu: the cuda target's kernel for M or N up to 4
     default_configs=default_configs,
     operands=(*gemm_operands(), BIAS),
     problem_options=epilogue_problem_options,
-    description="data-parallel GEMM: one output block tile per work item (cuda: or split-K); fused bias "
-                "and activation",
+    description="data-parallel GEMM: one output block tile per work item (cuda: or split-K, or hybrid "
+                "stream-K); fused bias and activation",
 )
 
 dispatcher_register_variants = registers(RECORD)

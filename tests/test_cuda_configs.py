@@ -1,0 +1,51 @@
+"""CUDA configs without a compiler: what is refused before nvcc runs, and
+what the regular variant's split-K and hybrid configs are named and
+generate (codegen needs neither nvcc nor a GPU, so the fast suite runs these
+on every machine; tests/test_cuda_build.py compiles instances)."""
+
+import pytest
+
+import dispatcher
+from dispatcher.api import Dispatcher
+
+
+def test_invalid_cuda_configs_are_rejected_before_nvcc():
+    d = Dispatcher()
+    with pytest.raises(dispatcher.ConfigError, match="pingpong schedule takes tile_m"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=256, tile_n=128,
+                                                 tile_k=64, schedule="pingpong"))
+    with pytest.raises(dispatcher.ConfigError, match="fp8 tensor-core MMA needs K-major"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="fp8_e4m3", layout="rrr",
+                                                 tile_m=128, tile_n=128, tile_k=128))
+    with pytest.raises(dispatcher.ConfigError, match="cooperative schedule only"):
+        d.codegen(dispatcher.KernelConfig.create(variant="stream_k", target="cuda", dtype="bf16",
+                                                 tile_m=128, tile_n=128, tile_k=64, schedule="pingpong"))
+    with pytest.raises(dispatcher.ConfigError, match="split-K runs on CUTLASS's stream-K scheduler"):
+        d.codegen(dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128,
+                                                 tile_k=64, schedule="pingpong", splits=3))
+
+
+def test_regular_hybrid_is_named_cooperative_and_cuda_only():
+    hybrid = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=256, tile_k=64,
+                                            cluster_m=2, cluster_n=1, decomposition="hybrid")
+    assert hybrid.name.endswith("_c2x1_coop_sauto_hybrid")
+    assert "dcuda::Decomposition<1, true>" in Dispatcher().codegen(hybrid).files[0][1]
+    for bad, match in [(dict(target="cuda", schedule="pingpong", tile_m=64), "cooperative schedule only"),
+                       (dict(target="cuda", splits=2), "takes decomposition=data_parallel"),
+                       (dict(target="cpu", dtype="fp32", tile_m=48, tile_n=64), "cuda schedule")]:
+        fields = {**dict(dtype="bf16", tile_m=128, tile_n=128, tile_k=64, decomposition="hybrid"), **bad}
+        with pytest.raises(dispatcher.ConfigError, match=match):
+            Dispatcher().codegen(dispatcher.KernelConfig.create(**fields))
+
+
+def test_regular_split_k_is_named_and_cuda_only():
+    split = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64,
+                                           cluster_m=1, cluster_n=2, splits=8, bias="col", activation="gelu")
+    assert split.name.endswith("_biascol_gelu_splitk8")
+    plain = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64)
+    assert "splitk" not in plain.name  # splits=1 keeps the names (and tuning entries) kernels had
+    source = Dispatcher().codegen(split).files[0][1]
+    assert "dcuda::Decomposition<8, false>" in source
+    with pytest.raises(dispatcher.ConfigError, match="split-K is a cuda schedule"):
+        Dispatcher().codegen(dispatcher.KernelConfig.create(target="cpu", dtype="fp32", tile_m=48, tile_n=64,
+                                                            tile_k=64, splits=2))
