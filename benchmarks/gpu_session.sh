@@ -79,7 +79,7 @@ for step in "$@"; do
             IFS=: read variant dtype layout grid <<< "$spec"
             timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --dtype $dtype \
               --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
-              --out $R/.gpucache/sweeps/$variant-$dtype-$layout --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
+              --out $R/.gpucache/sweeps/$variant-$dtype-$layout-$grid --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
             --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
