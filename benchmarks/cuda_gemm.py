@@ -135,7 +135,7 @@ def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dic
     call(d, False)  # first call: selection (and any build)
     plain()
     t_default = timed(plain, timing)
-    chosen_config = d._ready and next(iter(d._ready.values()))[0]
+    chosen_config = next(iter(d._ready.values()))[0] if d._ready else None
     chosen = chosen_config and chosen_config.name
     tuned = fresh(tempfile.mkdtemp(dir=tmp))
     started = time.perf_counter()
@@ -145,7 +145,7 @@ def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dic
     t_autotune = timed(lambda: call(tuned, True), timing)
     problem, ops = problem_of()
     t_best, best_name, catalog_us, default_kernel_us = best_of_catalog(d, problem, ops, timing,
-                                                                       chosen_config or None)
+                                                                       chosen_config)
     return dict(torch_us=baseline_s * 1e6, default_us=t_default * 1e6, autotune_us=t_autotune * 1e6,
                 best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
                 default_kernel_us=default_kernel_us, regret=regret(default_kernel_us, t_best),

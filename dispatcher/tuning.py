@@ -216,7 +216,7 @@ class TuningDatabase:
             except DispatcherError:
                 continue  # a stale entry (plugin or schema changed): not usable
             # (a tuned plain kernel must not serve a fused-epilogue call)
-            if not config.problems() and not unmet_fields(problem, config):
+            if self._runs(problem, config):
                 usable.append((distance, shipped, row[0], config))
         if not usable:
             return None
@@ -238,9 +238,12 @@ class TuningDatabase:
         """What of a neighbour's winner `config` runs `problem`: its target's
         `neighbour_config` of it where that config can run it, else itself."""
         adapted = targets.get(config.target).neighbour_config(config)
-        if adapted.name != config.name and not adapted.problems() and not unmet_fields(problem, adapted):
-            return adapted
-        return config
+        return adapted if adapted.name != config.name and TuningDatabase._runs(problem, adapted) else config
+
+    @staticmethod
+    def _runs(problem, config) -> bool:
+        """Whether `config` builds and runs `problem` (its fused epilogue, its output)."""
+        return not config.problems() and not unmet_fields(problem, config)
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has a usable
