@@ -110,11 +110,10 @@ using UniversalGemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm:
 // `Splits` > 1: CUTLASS's stream-K scheduler in split-K mode, each output
 // tile summed over `Splits` slices of K; split-K fills the GPU when a problem
 // has few output tiles and a long K (e.g. M x 1 x 4096: 16 tiles for 132
-// SMs). `Hybrid`: the same scheduler in its heuristic mode: data-parallel
-// where the last wave of tiles is at least half full (or a tile has 8 K
-// tiles or fewer), else the last full wave and the partial one shared out
-// stream-K, so a mid-size problem whose last wave would leave most SMs idle
-// keeps them busy (5120^3 on 128x256 tiles: 800 tiles, 6.06 waves of 132).
+// SMs). `Hybrid`: the same scheduler in its heuristic mode, full waves of
+// tiles data-parallel and the last partial wave shared out stream-K, so a
+// mid-size problem whose tiles leave most SMs idle in the last wave keeps
+// them busy (5120^3 on 128x256 tiles: 800 tiles, 6.06 waves of 132 SMs).
 // Either way the partial tiles are reduced in a fixed order, so results do
 // not vary from run to run. Neither: the persistent data-parallel scheduler.
 template <int Splits, bool Hybrid = false>
