@@ -1,4 +1,4 @@
-"""Merge a GPU session's exported winners into a shipped tuning file.
+"""Merge a GPU session's exported times into a shipped tuning file.
 
     python benchmarks/merge_tuning.py NEW.json SHIPPED.json --about "what NEW measured"
 
@@ -6,7 +6,7 @@ NEW.json is what `gemm-dispatcher export-tuning` wrote on the GPU
 (`gpu_session.sh tune`). Its rows replace every shipped row of the same
 scope (variant, target, arch, dtype, output dtype, layout): a scope is
 swept over one grid at a time, so a half-old, half-new scope would mix
-winners of different catalogs. Scopes NEW does not have stay as they are.
+times of different catalogs. Scopes NEW does not have stay as they are.
 Sources lose the GPU machine's cache path, and `--about` is appended to
 the file's own. The file is replaced whole or not at all.
 """
@@ -14,11 +14,10 @@ the file's own. The file is replaced whole or not at all.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
-from dispatcher.tuning import SCOPE
+from dispatcher.tuning import SCOPE, read_shipped, write_shipped
 
 
 def merged(new: list, shipped: list) -> list:
@@ -36,14 +35,12 @@ def main():
     ap.add_argument("shipped")
     ap.add_argument("--about", required=True, help="what NEW measured, appended to the file's `about`")
     args = ap.parse_args()
-    new, shipped = json.loads(Path(args.new).read_text()), Path(args.shipped)
-    old = json.loads(shipped.read_text()) if shipped.exists() else {"about": "", "rows": []}
-    rows = merged(new["rows"], old["rows"])
-    about = "; ".join(part for part in (old["about"], args.about) if part)
-    partial = shipped.with_name(f".{shipped.name}.partial")
-    partial.write_text(json.dumps({"about": about, "rows": rows}, indent=1) + "\n")
-    partial.replace(shipped)
-    print(f"{len(new['rows'])} rows merged into {shipped}: {len(rows)} rows (was {len(old['rows'])})")
+    (_, new), shipped = read_shipped(args.new), Path(args.shipped)
+    about, old = read_shipped(shipped) if shipped.exists() else ("", [])
+    rows = merged(new, old)
+    about = "; ".join(part for part in (about, args.about) if part)
+    written = write_shipped(shipped, about, rows)
+    print(f"{len(new)} rows merged into {shipped}: {written} rows (was {len(old)})")
 
 
 if __name__ == "__main__":

@@ -300,15 +300,15 @@ def cmd_report(args):
 
 
 def cmd_export_tuning(args):
-    """This machine's tuning winners (its own rows, not the shipped ones) as
-    a file of shipped winners, for `dispatcher/data/tuning/`."""
+    """This machine's tuning times (its own rows, not the shipped ones) as
+    a file of shipped times, for `dispatcher/data/tuning/`."""
     import platform
     import time
     from .tuning import TuningDatabase
     db = TuningDatabase.default()
-    about = args.about or (f"winners of {db.path} on {platform.node()}, "
+    about = args.about or (f"times of {db.path} on {platform.node()}, "
                            f"exported {time.strftime('%Y-%m-%d')}")
-    print(f"{db.export(args.out, about, args.target)} winners written to {args.out}")
+    print(f"{db.export(args.out, about, args.target)} rows written to {args.out}")
     return 0
 
 
@@ -517,12 +517,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser("export-tuning", help="this machine's tuning winners as a file of shipped winners "
+    s = sub.add_parser("export-tuning", help="this machine's tuning times as a file of shipped times "
                        "(dispatcher/data/tuning)")
     s.add_argument("out", help="the JSON file to write, e.g. sm_90a.json")
     s.add_argument("--about", help="what measured them: the GPU or CPU and the sweeps (default: the "
                    "database, host and date)")
-    s.add_argument("--target", choices=("cpu", "cuda"), help="only this target's winners (default: all)")
+    s.add_argument("--target", choices=("cpu", "cuda"), help="only this target's times (default: all)")
     s.set_defaults(fn=cmd_export_tuning)
 
     s = sub.add_parser("migrate", help="CK legacy Tile Engine configs and kernel names -> gemm-dispatcher")

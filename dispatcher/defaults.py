@@ -21,7 +21,7 @@ def dispatcher_build(source, target, cache):
 @hookimpl(trylast=True)
 def dispatcher_select_library(problem, candidates, tuning, record):
     if tuning is not None:  # asked even when no default config builds here
-        tuned = tuning.lookup(problem)
+        tuned = tuning.lookup(problem, record)
         if tuned is not None:
             return tuned
     if not candidates:

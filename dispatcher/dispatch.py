@@ -143,7 +143,7 @@ class Dispatcher:
         rejected ones with the reason."""
         candidates, rejected = self.default_configs(problem)
         record = self.manager.variant(problem.variant)
-        tuned = self.tuning.winner(problem) if self.tuning is not None else None
+        tuned = self.tuning.winner(problem, record) if self.tuning is not None else None
         chosen = self.hook.dispatcher_select_library(problem=problem, candidates=candidates,
                                                      tuning=self.tuning, record=record)
         return dict(problem=problem, tuned=tuned, chosen=chosen,

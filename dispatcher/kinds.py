@@ -162,6 +162,13 @@ class KindProblem:
         shape = f"{self.m}x{self.n}x{self.k}" if self.batch == 1 else f"{self.batch}x{self.m}x{self.n}x{self.k}"
         return (shape + fixed, (float(self.batch * self.m), float(self.n), float(self.k)))
 
+    def at_tuning_sizes(self, sizes) -> "KindProblem":
+        """This problem at another tuned problem's sizes (`tuning_key`: the
+        batch's rows, N, K), its batch kept: the tuning database asks the
+        occupancy model how a neighbour's measured times carry over."""
+        rows, n, k = (max(int(x), 1) for x in sizes)
+        return attrs.evolve(self, m=max(round(rows / self.batch), 1), n=n, k=k)
+
 
 @attrs.frozen
 class _Tensor:

@@ -48,6 +48,13 @@ class GemmProblem:
         """(text key, three sizes for the tuning database's nearest-problem distance)."""
         return f"{self.m}x{self.n}x{self.k}", (float(self.m), float(self.n), float(self.k))
 
+    def at_tuning_sizes(self, sizes) -> "GemmProblem":
+        """This problem at another tuned problem's sizes (`tuning_key`): the
+        tuning database asks the occupancy model how a neighbour's measured
+        times carry over to this problem."""
+        m, n, k = (max(int(x), 1) for x in sizes)
+        return attrs.evolve(self, m=m, n=n, k=k)
+
 
 @attrs.frozen
 class GroupedGemmProblem:
@@ -72,6 +79,10 @@ class GroupedGemmProblem:
     def tuning_key(self) -> tuple:
         return ("groups:" + ",".join("x".join(map(str, s)) for s in self.groups),
                 (float(len(self.groups)), max(self.flops, 1.0), max((s[2] for s in self.groups), default=1)))
+
+    def at_tuning_sizes(self, sizes) -> None:
+        """None: its tuning sizes (groups, flops, longest K) do not give its groups back."""
+        return None
 
 
 def token_bucket(total_m: int) -> int:
@@ -115,6 +126,10 @@ class StackedGroupedProblem:
     def tuning_key(self) -> tuple:
         return (f"stacked:{self.group_count}x{self.n}x{self.k}:{self.tokens}",
                 (float(self.group_count), max(self.flops, 1.0), float(self.k)))
+
+    def at_tuning_sizes(self, sizes) -> None:
+        """None: its tuning sizes (groups, flops, K) do not give its rows back."""
+        return None
 
 
 @attrs.define

@@ -144,6 +144,10 @@ class VariantRecord:
         kernel of this one returns status -2 (unless the caller is strict).
     k_splits: KernelConfig -> how many K slices one output tile is summed
         from (split-K); what the performance model is told.
+    shares_last_wave: KernelConfig -> whether its kernels share a problem's
+        work past the first full wave of tiles out evenly over the workers
+        (stream-K, hybrid): the occupancy model then counts its waves
+        unrounded (tiles / workers, at least one), not rounded up.
     packs_a_once: its kernels pack all of A once per call where their
         target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
         not once per tile: the occupancy model counts A's packing so.
@@ -180,6 +184,7 @@ class VariantRecord:
     fallback: Optional[str] = None
     partial_sums: Callable[[Any], int] = lambda config: 1
     k_splits: Callable[[Any], int] = lambda config: 1
+    shares_last_wave: Callable[[Any], bool] = lambda config: False
     packs_a_once: bool = False
     target_schedules: tuple = ()
     description: str = ""

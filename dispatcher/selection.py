@@ -51,23 +51,28 @@ def rank(problem, candidates, record) -> list:
 
 
 def estimated_cost(problem, config, record=None) -> float:
-    """Relative time of `config` on `problem`: the waves of block tiles over
+    """Relative time of `config` on `problem`: the waves of work items over
     the target's parallel workers, each costing the area it computes (the
     target's `computed_tile`: the whole tile, or on the cpu only the
     micro-tiles a problem smaller than the tile covers) plus the overhead of
-    loading its A and B blocks, which makes small tiles slow. A
-    B block a worker reuses for several tiles in a row (the target's
-    `panel_reuse`) costs its share once, and so does an A block where the
-    variant packs A once (`record.packs_a_once`, the target's
-    `a_panel_reuse`); all of it over the target's
-    `compute_rate` of the config (a faster instruction, e.g. the CPU's AMX
-    against a fallback micro-kernel of the same spec)."""
+    loading its A and B blocks, which makes small tiles slow. A work item is
+    a block tile, or with K split (`record.k_splits`) one slice of it, which
+    costs its share of K; a variant that shares the work past the first
+    wave out evenly (`record.shares_last_wave`: stream-K) counts its waves
+    unrounded. A B block a worker reuses for several tiles in a row (the
+    target's `panel_reuse`) costs its share once, and so does an A block
+    where the variant packs A once (`record.packs_a_once`, the target's
+    `a_panel_reuse`); all of it over the target's `compute_rate` of the
+    config (a faster instruction, e.g. the CPU's AMX against a fallback
+    micro-kernel of the same spec)."""
     target = targets.get(config.target)
     workers = target.parallelism(config)
-    tiles = problem.tile_count(config.tile_m, config.tile_n)
-    waves = math.ceil(tiles / workers)
+    splits = record.k_splits(config) if record is not None else 1
+    items = problem.tile_count(config.tile_m, config.tile_n) * splits
+    shared = record is not None and record.shares_last_wave(config)
+    waves = max(1.0, items / workers) if shared else math.ceil(items / workers)
     reuse = target.panel_reuse(problem, config, workers)
     a_reuse = target.a_panel_reuse(problem, config) if record is not None and record.packs_a_once else 1
     rows, columns = target.computed_tile(problem, config)
     per_tile = rows * columns + 24.0 * rows / a_reuse + 24.0 * columns / reuse
-    return waves * per_tile / target.compute_rate(config)
+    return waves * per_tile / splits / target.compute_rate(config)

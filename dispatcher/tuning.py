@@ -1,15 +1,25 @@
-"""The tuning database: the measured winner per problem, read by selection.
+"""The tuning database: measured kernel times per problem, read by selection.
 
 One SQLite file (default `<build cache>/tuning.sqlite`), one row per
-(variant, target, arch, dtype, out dtype, layout, problem) holding the
-fastest kernel's config and time. Writers from several processes are safe:
-WAL journal, a busy timeout, and an upsert that keeps the faster entry.
-`lookup` answers exactly tuned problems, else the nearest tuned problem of
-the same kind within a factor 2 of each size (by the log-distance of the
-sizes), whose winner runs as its target carries it over (`neighbour_config`:
-on cuda without its swizzle).
+(variant, target, arch, dtype, out dtype, layout, problem, kernel) holding
+that kernel's config and time: a sweep stores every kernel it measured,
+autotune the one it keeps. Writers from several processes are safe: WAL
+journal, a busy timeout, and an upsert that keeps the faster time.
 
-Shipped winners: `dispatcher/data/tuning/*.json` hold rows of the same
+`winner` answers an exactly tuned problem with its fastest kernel. Any
+other problem is decided by the tuned problems near it (within a factor 2
+of each size): of the `NEIGHBOURS` nearest, the kernel measured at all of
+them whose times there, carried over to this problem by the occupancy
+model (`selection.estimated_cost`: waves of tiles over the GPU's SMs
+differ from shape to shape), add up to the least (geometric mean). A
+nearest winner alone missed the mid-size shapes: 2304 x 2560 x 12288 ran
+the winner of 2560 x 2560 x 6144 (256x128, cluster 2x4) at 0.80 of cuBLAS
+where a hybrid stream-K kernel ran 0.98 (H100). A kernel runs as its
+target carries it over from a neighbour (`neighbour_config`: on cuda
+without its swizzle); where no kernel was measured at all the nearest,
+the selection model decides.
+
+Shipped times: `dispatcher/data/tuning/*.json` hold rows of the same
 kind, measured by the tile engine's catalog sweeps on a named GPU (each
 file says which and how: `export`), so a fresh install selects as a tuned
 one. A database reads them beside its own rows: an exact entry of its own
@@ -35,14 +45,20 @@ from .config import KernelConfig
 from .errors import DispatcherError
 from .files import read_json
 from .problem import unmet_fields
+from .selection import estimated_cost
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS winners (
+CREATE TABLE IF NOT EXISTS timings (
     variant TEXT, target TEXT, arch TEXT, dtype TEXT, out_dtype TEXT, layout TEXT,
     problem TEXT, size_a REAL, size_b REAL, size_c REAL,
     kernel TEXT, config TEXT, latency_ms REAL, source TEXT, updated TEXT,
-    PRIMARY KEY (variant, target, arch, dtype, out_dtype, layout, problem))
+    PRIMARY KEY (variant, target, arch, dtype, out_dtype, layout, problem, kernel))
 """
+# Databases written before `timings` hold one winner per problem in this table; it is read as
+# timings of one kernel each.
+_LEGACY_TABLE = "winners"
+_COLUMNS = ("variant, target, arch, dtype, out_dtype, layout, problem, size_a, size_b, size_c, "
+            "kernel, config, latency_ms, source, updated")
 
 
 def problem_key(problem) -> tuple:
@@ -55,45 +71,78 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # factor of 2 in each of the three sizes. Past it the winner says little (a
 # GEMV is no 512-wide GEMM) and the selection model ranks instead.
 NEAREST_WITHIN = 2
+# How many of the nearest tuned problems decide together. Replayed on the H100's sweeps
+# (main and mid-size grids, benchmarks/results/sweeps/cuda_h100_ef3555f) against the measured
+# catalog of 70 benchmark shapes: nearest winner alone regret geomean 1.032, worst 1.227;
+# 4 nearest 1.021 / 1.125; 8 nearest 1.020 / 1.125.
+NEIGHBOURS = 8
+# An export keeps a problem's kernels up to this factor slower than its fastest: slower ones
+# are never the choice of a neighbourhood they are in (the replay above gives the same picks).
+EXPORT_WITHIN = 1.5
 # The columns one set of winners is tuned for (a sweep covers one scope over its grid of problems).
 SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
 
 
 @functools.lru_cache(maxsize=None)
 def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
-    """The shipped winners: scope (variant, target, arch, dtype, out dtype,
-    layout) -> [(problem, size_a, size_b, size_c, config JSON), ...]."""
+    """The shipped times: scope (variant, target, arch, dtype, out dtype,
+    layout) -> [(problem, size_a, size_b, size_c, config JSON, latency ms), ...]."""
     rows: dict = {}
     for path in sorted(directory.glob("*.json")):
         try:
-            for r in read_json(path, "shipped tuning winners", DispatcherError)["rows"]:
+            for r in read_shipped(path)[1]:
                 scope = tuple(r[c] for c in SCOPE)
-                sizes = (r["size_a"], r["size_b"], r["size_c"])
+                numbers = (r["size_a"], r["size_b"], r["size_c"], r["latency_ms"])
                 if not isinstance(r["problem"], str) or not isinstance(r["config"], dict) or \
-                        not all(type(x) in (int, float) for x in sizes):
-                    raise TypeError(f"a row's problem, sizes or config of the wrong type: {r!r:.200}")
-                rows.setdefault(scope, []).append((r["problem"], *sizes, json.dumps(r["config"])))
-        except (KeyError, TypeError) as e:
-            raise DispatcherError(f"shipped tuning winners {path} are not rows of `TuningDatabase.export` "
+                        not all(type(x) in (int, float) for x in numbers):
+                    raise TypeError(f"a row's problem, sizes, time or config of the wrong type: {r!r:.200}")
+                rows.setdefault(scope, []).append((r["problem"], *numbers[:3], json.dumps(r["config"]), numbers[3]))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DispatcherError(f"shipped tuning times {path} are not an export of `TuningDatabase.export` "
                                   f"({type(e).__name__}: {e}); remove or rebuild the file") from None
     return rows
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(text: str):
+    """The KernelConfig of a stored row, or None for a stale one (its plugin or schema changed)."""
+    try:
+        return KernelConfig.from_dict(json.loads(text))
+    except DispatcherError:
+        return None
+
+
+def _near(tuned_sizes, sizes) -> bool:
+    """Whether a tuned problem is within `NEAREST_WITHIN` of each size."""
+    return all(max(x, y) <= NEAREST_WITHIN * min(x, y) for x, y in _pairs(tuned_sizes, sizes))
+
+
+def _distance(tuned_sizes, sizes) -> float:
+    """The log-distance of two problems' sizes."""
+    return sum(abs(math.log(x) - math.log(y)) for x, y in _pairs(tuned_sizes, sizes))
+
+
+def _pairs(tuned_sizes, sizes):
+    return [(max(x, 1.0), max(y, 1.0)) for x, y in zip(tuned_sizes, sizes)]
 
 
 @attrs.frozen
 class Winner:
     """What decides a problem's kernel in a tuning database: the config, the
-    tuned problem it won (the problem itself, or its nearest neighbour),
-    and whether that row was shipped with the package."""
+    tuned problem it won (the problem itself, or the nearest neighbour of
+    those that decided it), and whether that row was shipped with the package."""
     config: KernelConfig
     problem: str
     shipped: bool
     exact: bool
     adapted: str = ""  # what the config changes from the tuned winner (an epilogue, an output, a neighbour's swizzle)
+    neighbours: int = 0  # how many nearby tuned problems decided it (0: exact)
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
-        return (f"{self.config.name} ({'shipped' if self.shipped else 'own'} winner of "
-                f"{'this problem' if self.exact else 'the nearest tuned problem, ' + self.problem}{adapted})")
+        where = ("this problem" if self.exact else
+                 f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
+        return f"{self.config.name} ({'shipped' if self.shipped else 'own'} times of {where}{adapted})"
 
 
 def _relaxed(problem) -> list:
@@ -143,48 +192,66 @@ class TuningDatabase:
                 problem.out_dtype, problem.layout)
 
     def record(self, problem, config: KernelConfig, latency_ms: float, source: str = "") -> bool:
-        """Keep `config` as the winner for `problem` if it is faster than the
-        stored one. True if it was stored."""
-        key, (a, b, c) = problem_key(problem)
-        row = (*self._scope(problem, config.target), key, a, b, c, config.name,
-               json.dumps(config.to_dict()), float(latency_ms), source, time.strftime("%Y-%m-%dT%H:%M:%S"))
+        """Keep `latency_ms` as `config`'s time on `problem` if it is faster
+        than the stored one. True if it was stored."""
+        return self.record_all([(problem, config, latency_ms)], source) > 0
+
+    def record_all(self, measured, source: str = "") -> int:
+        """`record` for many (problem, config, latency ms) at once, in one
+        transaction (a sweep's every measurement). Returns how many were stored."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        rows = []
+        for problem, config, latency_ms in measured:
+            key, (a, b, c) = problem_key(problem)
+            rows.append((*self._scope(problem, config.target), key, a, b, c, config.name,
+                         json.dumps(config.to_dict()), float(latency_ms), source, now))
         with self._connect() as con:
-            cur = con.execute(
-                "INSERT INTO winners VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-                "ON CONFLICT(variant, target, arch, dtype, out_dtype, layout, problem) DO UPDATE SET "
-                "kernel=excluded.kernel, config=excluded.config, latency_ms=excluded.latency_ms, "
-                "source=excluded.source, updated=excluded.updated "
-                "WHERE excluded.latency_ms < winners.latency_ms", row)
-            return cur.rowcount > 0
+            before = con.total_changes
+            con.executemany(
+                "INSERT INTO timings VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(variant, target, arch, dtype, out_dtype, layout, problem, kernel) DO UPDATE SET "
+                "config=excluded.config, latency_ms=excluded.latency_ms, source=excluded.source, "
+                "updated=excluded.updated WHERE excluded.latency_ms < timings.latency_ms", rows)
+            return con.total_changes - before
 
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def lookup(self, problem):
+    def _own(self, problem) -> list:
+        """This database's rows of `problem`'s scope, as `shipped_rows` gives them."""
+        if not self.path.exists():
+            return []
+        where = "WHERE variant=? AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?"
+        columns = "problem, size_a, size_b, size_c, config, latency_ms"
+        tables = ["timings"] + ([_LEGACY_TABLE] if self._has_legacy_table() else [])
+        sql = " UNION ALL ".join(f"SELECT {columns} FROM {t} {where}" for t in tables)
+        return self._select(sql, self._scope(problem) * len(tables))
+
+    def _has_legacy_table(self) -> bool:
+        return bool(self._select("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_LEGACY_TABLE,)))
+
+    def lookup(self, problem, record=None):
         """The tuned config for `problem`, or None (`winner`)."""
-        found = self.winner(problem)
+        found = self.winner(problem, record)
         return found and found.config
 
-    def winner(self, problem) -> "Winner | None":
+    def winner(self, problem, record=None) -> "Winner | None":
         """The tuned entry that decides `problem`, or None: an exact entry
-        (the user's own before a shipped one), else the winner of the
-        nearest tuned problem within a factor `NEAREST_WITHIN` of each size
-        (the user's own, where any is that near), as its target carries it
-        over (`_carried_over`). Equally near neighbours whose winners would
-        run different kernels leave it to the selection model (1024^3
-        between grid shapes of 512 and 2048: their four winners ran up to
-        13% slower than the model's pick on the H100). A problem that no
-        winner of its own decides takes, in `_relaxed` order, the winner of
-        the same problem without its fused epilogue (bias, activation: it
-        runs once per output element, after the main loop the tiles were
-        tuned for), or with its input's default output dtype (the output
-        only changes the epilogue's stores), with what differs set back
-        (the shipped sweeps tune plain GEMMs with default outputs)."""
-        found = self._winner(problem)
+        (the user's own before a shipped one), else the choice of the nearest
+        tuned problems (module docstring; record: the problem's variant, whose
+        split-K and stream-K kernels the occupancy model counts so), where
+        they measured a kernel in common. A problem that no times of its own
+        decide takes, in `_relaxed` order, the choice for the same problem
+        without its fused epilogue (bias, activation: it runs once per output
+        element, after the main loop the tiles were tuned for), or with its
+        input's default output dtype (the output only changes the epilogue's
+        stores), with what differs set back (the shipped sweeps tune plain
+        GEMMs with default outputs)."""
+        found = self._winner(problem, record)
         if found is not None:
-            return found or None  # False: its equally near neighbours disagree, the model decides
+            return found or None  # False: its nearest neighbours share no kernel, the model decides
         for relaxed, fields, what in _relaxed(problem):
-            found = self._winner(relaxed)
+            found = self._winner(relaxed, record)
             if found is False:
                 return None
             if found is None:
@@ -198,44 +265,71 @@ class TuningDatabase:
                                     adapted="; ".join(x for x in (what, found.adapted) if x))
         return None
 
-    def _winner(self, problem) -> "Winner | None | bool":
+    def _winner(self, problem, record) -> "Winner | None | bool":
         """`winner`'s lookup of `problem` as it is: None where no row is near,
-        False where the nearest rows disagree."""
+        False where the nearest rows have no kernel in common."""
         key, sizes = problem_key(problem)
-        own = self._select("SELECT problem, size_a, size_b, size_c, config FROM winners WHERE variant=? "
-                           "AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?",
-                           self._scope(problem)) if self.path.exists() else []
-        usable = []  # (distance, shipped, problem, config), nearest first
-        for row, shipped in [(r, 0) for r in own] + [(r, 1) for r in self._shipped(problem)]:
-            pairs = [(max(x, 1.0), max(y, 1.0)) for x, y in zip(row[1:4], sizes)]
-            if row[0] != key and any(max(x, y) > NEAREST_WITHIN * min(x, y) for x, y in pairs):
-                continue
-            distance = -1.0 if row[0] == key else sum(abs(math.log(x) - math.log(y)) for x, y in pairs)
-            try:
-                config = KernelConfig.from_dict(json.loads(row[4]))
-            except DispatcherError:
-                continue  # a stale entry (plugin or schema changed): not usable
-            # (a tuned plain kernel must not serve a fused-epilogue call)
-            if self._runs(problem, config):
-                usable.append((distance, shipped, row[0], config))
-        if not usable:
+        measured = {}  # (shipped, tuned problem) -> (its sizes, {kernel name: (config, ms)}), usable ones only
+        for shipped, rows in ((0, self._own(problem)), (1, self._shipped(problem))):
+            for tuned, a, b, c, text, ms in rows:
+                if tuned != key and not _near((a, b, c), sizes):
+                    continue
+                config = _config(text)
+                # (a tuned plain kernel must not serve a fused-epilogue call)
+                if config is None or not self._runs(problem, config):
+                    continue
+                times = measured.setdefault((shipped, tuned), ((a, b, c), {}))[1]
+                if config.name not in times or ms < times[config.name][1]:
+                    times[config.name] = (config, ms)
+        exact = [s for s, tuned in measured if tuned == key]
+        if exact:
+            shipped = min(exact)  # the user's own first
+            config, _ = min(measured[shipped, key][1].values(), key=lambda t: (t[1], t[0].name))
+            return Winner(config, key, bool(shipped), True)
+        # the nearest of the nearest one's kind (own before shipped where as near), nearest first
+        by_distance = sorted((_distance(s, sizes), shipped, tuned) for (shipped, tuned), (s, _) in measured.items())
+        if not by_distance:
             return None
-        least = min(u[0] for u in usable)
-        # the equally near (to rounding), the user's own first among them
-        nearest = sorted((u for u in usable if u[0] <= least + 1e-9), key=lambda u: u[1:3])
-        distance, shipped, tuned, config = nearest[0]
-        if distance < 0:
-            return Winner(config, tuned, bool(shipped), True)
-        carried = [(u[1], self._carried_over(problem, u[3])) for u in nearest]
-        if len({c.name for s, c in carried if s == shipped}) > 1:
-            return False  # neighbours whose winners would run different kernels do not decide
-        adapted = carried[0][1]
-        note = f"its target's change for a neighbour (winner there: {config.name})" if adapted is not config else ""
-        return Winner(adapted, tuned, bool(shipped), False, adapted=note)
+        shipped = min(s for d, s, _ in by_distance if d <= by_distance[0][0] + 1e-9)  # (to rounding)
+        nearest = [(tuned, *measured[shipped, tuned]) for _, s, tuned in by_distance if s == shipped][:NEIGHBOURS]
+        carried = [(sizes_of, self._carried_times(problem, times)) for _, sizes_of, times in nearest]
+        common = set.intersection(*(set(times) for _, times in carried))
+        if not common:
+            return False
+
+        def mean_log_time(name):
+            """The mean over the neighbours of log(its time there, carried over to `problem`)."""
+            config = carried[0][1][name][0]
+            here = math.log(estimated_cost(problem, config, record))
+            total = 0.0
+            for sizes_of, times in carried:
+                there = problem.at_tuning_sizes(sizes_of)
+                scale = here - math.log(estimated_cost(there, config, record)) if there is not None else 0.0
+                total += math.log(times[name][1]) + scale
+            return total / len(carried)
+
+        name = min(sorted(common), key=mean_log_time)
+        config, _, measured_as = carried[0][1][name]
+        note = f"its target's change for a neighbour's kernel ({measured_as})" if measured_as != name else ""
+        return Winner(config, nearest[0][0], bool(shipped), False, adapted=note, neighbours=len(nearest))
+
+    def _carried_times(self, problem, times: dict) -> dict:
+        """{kernel name: (config, ms, the kernel measured)} of one
+        neighbour's usable times as they carry over to `problem`
+        (`_carried_over`): a kernel the target changes takes its measured
+        time to its change, unless the neighbour measured that one too."""
+        carried = {}
+        for name, (config, ms) in times.items():
+            adapted = self._carried_over(problem, config)
+            if adapted.name != name and adapted.name in times:
+                continue
+            if adapted.name not in carried or ms < carried[adapted.name][1]:
+                carried[adapted.name] = (adapted, ms, name)
+        return carried
 
     @staticmethod
     def _carried_over(problem, config):
-        """What of a neighbour's winner `config` runs `problem`: its target's
+        """What of a neighbour's kernel `config` runs `problem`: its target's
         `neighbour_config` of it where that config can run it, else itself."""
         adapted = targets.get(config.target).neighbour_config(config)
         return adapted if adapted.name != config.name and TuningDatabase._runs(problem, adapted) else config
@@ -267,23 +361,54 @@ class TuningDatabase:
 
     def export(self, path, about: str, target: str | None = None) -> int:
         """Write this database's rows (of `target` only, if given) to a JSON
-        file of shipped winners (`SHIPPED_DIR`); about: the GPU or CPU and
-        the commands that measured them. Returns the row count; a
+        file of shipped times (`SHIPPED_DIR`, `write_shipped`); about: the GPU
+        or CPU and the commands that measured them. Returns the row count; a
         DispatcherError, with nothing written, where there are none."""
         rows = [{**r, "config": json.loads(r["config"])} for r in self.entries(target)]
         if not rows:
-            raise DispatcherError(f"the tuning database {self.path} has no winners"
+            raise DispatcherError(f"the tuning database {self.path} has no times"
                                   f"{' for target ' + target if target else ''} to export: run "
                                   "`gemm-dispatcher sweep` first")
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps({"about": about, "rows": rows}, indent=1) + "\n")
-        partial.replace(path)  # whole or not at all
-        return len(rows)
+        return write_shipped(path, about, rows)
 
     def entries(self, target: str | None = None) -> list:
         """The database's own rows as dicts (of `target` only, if given)."""
         if not self.path.exists():
             return []
-        return self._select("SELECT * FROM winners WHERE ? IS NULL OR target = ? ORDER BY variant, problem",
-                            (target, target), named=True)
+        tables = ["timings"] + ([_LEGACY_TABLE] if self._has_legacy_table() else [])
+        sql = " UNION ALL ".join(f"SELECT {_COLUMNS} FROM {t} WHERE ? IS NULL OR target = ?" for t in tables)
+        return self._select(sql + " ORDER BY variant, problem, latency_ms", (target, target) * len(tables),
+                            named=True)
+
+
+def read_shipped(path) -> tuple:
+    """(about, rows) of a file of shipped times, each row with its `config` dict."""
+    found = read_json(path, "shipped tuning times", DispatcherError)
+    return found["about"], [{**r, "config": found["configs"][r["kernel"]]} for r in found["rows"]]
+
+
+def write_shipped(path, about: str, rows: list) -> int:
+    """Write `rows` (dicts of the database's columns, each with its `config`
+    dict) as a file of shipped times: each kernel's config once, then a row
+    per problem and kernel, one a line, leaving out kernels more than
+    `EXPORT_WITHIN` slower than their problem's fastest. Whole or not at
+    all. Returns the rows written."""
+    fastest: dict = {}
+    for r in rows:
+        key = (*(r[c] for c in SCOPE), r["problem"])
+        fastest[key] = min(fastest.get(key, math.inf), r["latency_ms"])
+    kept = sorted((r for r in rows if r["latency_ms"] <= EXPORT_WITHIN * fastest[(*(r[c] for c in SCOPE), r["problem"])]),
+                  key=lambda r: (*(r[c] for c in SCOPE), r["size_a"], r["size_b"], r["size_c"], r["latency_ms"]))
+    configs = {r["kernel"]: r["config"] for r in kept}
+    lines = ["{" + f'"about": {json.dumps(about)},', '"configs": {']
+    lines += [f" {json.dumps(name)}: {json.dumps(configs[name])}," for name in sorted(configs)]
+    lines[-1] = lines[-1].rstrip(",")
+    lines += ["},", '"rows": [']
+    lines += [" " + json.dumps({k: v for k, v in r.items() if k != "config"}) + "," for r in kept]
+    lines[-1] = lines[-1].rstrip(",")
+    lines.append("]}")
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text("\n".join(lines) + "\n")
+    partial.replace(path)
+    return len(kept)

@@ -266,8 +266,9 @@ def test_tuning_database_feeds_selection(tmp_path):
     tuned = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     assert tuned != heuristic
     assert db.record(problem, tuned, 1.0)
-    assert not db.record(problem, heuristic, 2.0), "a slower entry replaced a faster one"
-    assert Dispatcher(tuning=db).select(problem) == tuned
+    assert db.record(problem, heuristic, 2.0)  # every kernel's time is kept
+    assert not db.record(problem, tuned, 3.0), "a slower time replaced a faster one"
+    assert Dispatcher(tuning=db).select(problem) == tuned  # the fastest
     near = GemmProblem(320, 210, 90, "fp32", "fp32", "rrr", "regular", "cpu")
     assert Dispatcher(tuning=db).select(near) == tuned          # nearest tuned problem
     other = GemmProblem(300, 200, 100, "fp16", "fp16", "rrr", "regular", "cpu")
@@ -407,17 +408,20 @@ def test_a_stale_row_of_ones_own_does_not_stop_autotune(tmp_path, monkeypatch):
     db.record(problem, dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32), 1.0)
     assert db.has(problem)
     with sqlite3.connect(db.path) as con:
-        con.execute("UPDATE winners SET config = ?", (json.dumps({"variant": "regular", "tile_q": 3}),))
+        con.execute("UPDATE timings SET config = ?", (json.dumps({"variant": "regular", "tile_q": 3}),))
     assert db.lookup(problem) is None and not db.has(problem)
 
 
 def test_shipped_rows_of_the_wrong_types_are_a_dispatcher_error(tmp_path):
     from dispatcher import tuning
     row = {"variant": "regular", "target": "cpu", "arch": "cpu-x", "dtype": "fp32", "out_dtype": "fp32",
-           "layout": "rrr", "problem": "1x1x1", "size_a": 1, "size_b": 1, "size_c": 1, "config": {}}
-    for bad in ({"size_a": "64"}, {"config": "x"}, {"config": None}, {"problem": 7}):
-        (tmp_path / "w.json").write_text(json.dumps({"rows": [{**row, **bad}]}))
-        with pytest.raises(errors.DispatcherError, match="w.json are not rows"):
+           "layout": "rrr", "problem": "1x1x1", "size_a": 1, "size_b": 1, "size_c": 1, "kernel": "k",
+           "latency_ms": 1.0}
+    for bad_row, configs in (({"size_a": "64"}, {"k": {}}), ({"latency_ms": None}, {"k": {}}), ({}, {"k": "x"}),
+                             ({}, {"k": None}), ({"problem": 7}, {"k": {}}), ({"kernel": "other"}, {"k": {}}),
+                             ({}, [])):
+        (tmp_path / "w.json").write_text(json.dumps({"about": "", "configs": configs, "rows": [{**row, **bad_row}]}))
+        with pytest.raises(errors.DispatcherError, match="w.json are not an export"):
             tuning.shipped_rows.__wrapped__(tmp_path)
 
 
@@ -429,7 +433,7 @@ def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
         return subprocess.run([sys.executable, "-m", "dispatcher", "export-tuning", str(out), *args],
                               capture_output=True, text=True, timeout=120, env=env)
     empty = export()
-    assert empty.returncode == 2 and "no winners to export" in empty.stderr and not out.exists()
+    assert empty.returncode == 2 and "no times to export" in empty.stderr and not out.exists()
     db = TuningDatabase(tmp_path / "cache" / "tuning.sqlite")
     config = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
     db.record(GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), config, 1.0)
@@ -439,7 +443,7 @@ def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
     assert written["about"] == "a test" and [r["kernel"] for r in written["rows"]] == [config.name]
     out.unlink()
     other = export("--target", "cuda")  # this database holds cpu winners only
-    assert other.returncode == 2 and "no winners for target cuda" in other.stderr and not out.exists()
+    assert other.returncode == 2 and "no times for target cuda" in other.stderr and not out.exists()
 
 
 def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
@@ -450,12 +454,12 @@ def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
     rows = tuning.shipped_rows.__wrapped__()
     assert rows, "no shipped winners"
     for (variant, target, arch, dtype, out_dtype, layout), entries in rows.items():
-        for problem, *sizes, config_json in entries:
+        for problem, *sizes, config_json, latency_ms in entries:
             config = dispatcher.KernelConfig.from_dict(json.loads(config_json))
             assert not config.problems(), (problem, config.name, config.problems())
             assert (config.variant, config.target, config.dtype_a, config.dtype_c, config.layout) == \
                 (variant, target, dtype, out_dtype, layout), (problem, config.name)
-            assert all(x >= 1 for x in sizes) and arch.startswith("sm_")
+            assert all(x >= 1 for x in sizes) and arch.startswith("sm_") and latency_ms > 0
 
 
 def test_equally_near_winners_that_disagree_leave_it_to_the_model(tmp_path):
@@ -468,7 +472,9 @@ def test_equally_near_winners_that_disagree_leave_it_to_the_model(tmp_path):
     assert db.lookup(between) is None
     assert Dispatcher(tuning=db).select(between) == Dispatcher(tuning=None).select(between)
     nearer = GemmProblem(290, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
-    assert db.lookup(nearer) == large  # one nearest: its winner
+    assert db.lookup(nearer) is None  # nearer one of them, but they measured no kernel in common
+    alone = GemmProblem(150, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 450 is past 2x
+    assert db.lookup(alone) == large  # one neighbour: its winner
 
 
 def test_a_neighbours_swizzled_cuda_winner_runs_unswizzled(tmp_path):
@@ -483,7 +489,7 @@ def test_a_neighbours_swizzled_cuda_winner_runs_unswizzled(tmp_path):
     assert db.lookup(tuned) == swizzled
     near = db.winner(GemmProblem(6411, 2391, 4929, "bf16", "bf16", "rcr", "regular", "cuda"))
     assert near.config == swizzled.replace(swizzle=1) and not near.exact
-    assert swizzled.name in near.adapted and swizzled.name not in near.config.name
+    assert swizzled.name in near.adapted and swizzled.name not in near.config.name and near.neighbours == 1
     # equally near neighbours whose winners are the swizzled kernel and its twin agree: both would run the twin
     two = TuningDatabase(tmp_path / "two.sqlite", shipped=False)
     two.record(GemmProblem(4096, 2048, 8192, "bf16", "bf16", "rcr", "regular", "cuda"), swizzled, 1.0)
@@ -495,6 +501,85 @@ def test_a_neighbours_swizzled_cuda_winner_runs_unswizzled(tmp_path):
                                    out_dtype="fp32"))
     assert fused.config == swizzled.replace(swizzle=1, dtype_c="fp32")
     assert "fp32 output" in fused.adapted and swizzled.name in fused.adapted
+
+
+def _cuda(**fields):
+    return dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_k=64, **fields)
+
+
+def test_neighbours_decide_together_on_a_kernel_good_at_all_of_them(tmp_path):
+    """Each of two neighbours has another winner, both measured a third
+    kernel within 5% of their best: that one runs between them (the
+    nearest winner alone is 2x slower at the other neighbour). Same tiles,
+    so the occupancy model changes none of the times."""
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    first, second, both = (_cuda(tile_m=128, tile_n=128, cluster_m=m, cluster_n=n) for m, n in ((1, 2), (2, 1), (2, 4)))
+    for shape, times in (((2048, 2048, 4096), (1.0, 2.0, 1.05)), ((4096, 4096, 4096), (2.0, 1.0, 1.05))):
+        for config, ms in zip((first, second, both), times):
+            db.record(GemmProblem(*shape, "bf16", "bf16", "rcr", "regular", "cuda"), config, ms)
+    found = db.winner(GemmProblem(2900, 2900, 4096, "bf16", "bf16", "rcr", "regular", "cuda"))
+    assert (found.config, found.neighbours, found.exact) == (both, 2, False)
+    assert db.lookup(GemmProblem(2048, 2048, 4096, "bf16", "bf16", "rcr", "regular", "cuda")) == first  # exact
+
+
+def test_a_neighbours_times_carry_over_by_its_waves_of_tiles(tmp_path):
+    """At a neighbour of exactly one wave of 128x256 tiles (132 on 132 SMs:
+    no GPU here) the data-parallel kernel beat its hybrid stream-K twin by
+    2%; at 143 tiles the data-parallel one needs a second wave for 11 tiles
+    and the hybrid one shares them out: the hybrid runs. With K split in 2
+    the wave holds half the tiles: a split-K kernel measured slower there
+    costs the same waves at half the K here, and is counted so."""
+    from dispatcher.plugins import get_manager
+    record = get_manager().variant("regular")
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    plain = _cuda(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
+    hybrid = plain.replace(decomposition="hybrid")
+    tuned = GemmProblem(128 * 12, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
+    db.record(tuned, plain, 1.0)
+    db.record(tuned, hybrid, 1.02)
+    assert db.lookup(tuned, record) == plain
+    assert db.lookup(GemmProblem(128 * 12, 256 * 11, 3000, "bf16", "bf16", "rcr", "regular", "cuda"), record) == plain
+    more = GemmProblem(128 * 13, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
+    assert db.lookup(more, record) == hybrid
+    assert Dispatcher(tuning=db).select(more) == hybrid  # the default selection passes the record
+
+
+def test_a_database_of_the_winners_table_is_read_as_times(tmp_path):
+    """A database written before per-kernel times held one winner per
+    problem in a `winners` table: its rows still decide, beside new ones."""
+    import sqlite3
+    path = tmp_path / "old.sqlite"
+    config = dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=32)
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE winners (variant TEXT, target TEXT, arch TEXT, dtype TEXT, out_dtype TEXT, "
+                    "layout TEXT, problem TEXT, size_a REAL, size_b REAL, size_c REAL, kernel TEXT, config TEXT, "
+                    "latency_ms REAL, source TEXT, updated TEXT, PRIMARY KEY (variant, target, arch, dtype, "
+                    "out_dtype, layout, problem))")
+        db = TuningDatabase(path, shipped=False)
+        problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
+        con.execute("INSERT INTO winners VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (*db._scope(problem), "300x200x100", 300, 200, 100, config.name, json.dumps(config.to_dict()),
+                     1.0, "old", "then"))
+    assert db.lookup(problem) == config and db.has(problem) and len(db.entries()) == 1
+    faster = config.replace(tile_m=36, tile_n=96, tile_k=64)
+    db.record(problem, faster, 0.5)
+    assert db.lookup(problem) == faster and len(db.entries()) == 2
+
+
+def test_an_export_keeps_each_problems_kernels_near_its_fastest(tmp_path):
+    """`write_shipped`: a kernel more than EXPORT_WITHIN slower than its
+    problem's fastest is left out (no neighbourhood would choose it); the
+    file reads back as the rows kept, each with its config."""
+    from dispatcher import tuning
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    problem = GemmProblem(300, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
+    configs = [dispatcher.KernelConfig.create(layout="rrr", tile_m=24, tile_n=64, tile_k=k) for k in (32, 64, 128)]
+    for config, ms in zip(configs, (1.0, tuning.EXPORT_WITHIN, tuning.EXPORT_WITHIN * 1.01)):
+        db.record(problem, config, ms)
+    assert db.export(tmp_path / "x.json", "a test") == 2
+    about, rows = tuning.read_shipped(tmp_path / "x.json")
+    assert about == "a test" and [r["kernel"] for r in rows] == [c.name for c in configs[:2]]
+    assert [dispatcher.KernelConfig.from_dict(r["config"]) for r in rows] == configs[:2]
 
 
 def _write_many(path, start):

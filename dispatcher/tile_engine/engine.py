@@ -122,25 +122,23 @@ def problem_record(shape, o: SweepOptions, kind: str):
 
 
 def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
-    """The fastest ok (and, with --verify, verified) row per problem, into the tuning database."""
+    """Every ok (and, with --verify, verified) row's time into the tuning
+    database (selection compares kernels across neighbouring problems);
+    returns the fastest per problem."""
     by_name = {c.name: c for c in configs}
     best = defaultdict(lambda: None)
+    measured = []
     for r in rows:
         if r["status"] != "ok" or r["kernel"] not in by_name:
             continue
         if o.verify and r.get("verified") not in ("True", True):
             continue
         idx = int(r["problem_idx"])
+        measured.append((problem_record(probs[idx], o, kind), by_name[r["kernel"]], float(r["latency_ms"])))
         if best[idx] is None or float(r["latency_ms"]) < float(best[idx]["latency_ms"]):
             best[idx] = r
     tuning = TuningDatabase.default() if o.tuning == "default" else o.tuning
-    winners = {}
-    for idx, r in sorted(best.items()):
-        if r is None:
-            continue
-        problem = problem_record(probs[idx], o, kind)
-        if tuning is not None:
-            tuning.record(problem, by_name[r["kernel"]], float(r["latency_ms"]), source=str(o.out))
-        winners[idx] = {"kernel": r["kernel"], "latency_ms": float(r["latency_ms"]),
-                        "tflops": float(r["tflops"])}
-    return winners
+    if tuning is not None and measured:
+        tuning.record_all(measured, source=str(o.out))
+    return {idx: {"kernel": r["kernel"], "latency_ms": float(r["latency_ms"]), "tflops": float(r["tflops"])}
+            for idx, r in sorted(best.items()) if r is not None}

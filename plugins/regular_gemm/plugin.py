@@ -120,6 +120,7 @@ RECORD = VariantRecord(
     name_suffix=name_suffix,
     check=check,
     k_splits=lambda config: config.variant_params["splits"],
+    shares_last_wave=lambda config: config.variant_params["decomposition"] == "hybrid",
     # a hybrid tile's stream-K pieces: at most one per worker, as the stream_k variant's
     partial_sums=lambda config: (targets.get(config.target).parallelism(config)
                                  if config.variant_params["decomposition"] == "hybrid"
