@@ -217,6 +217,7 @@ SETS["overhead"] = overhead_configs
 SETS["defaults"] = default_configs
 SETS["mlp"] = mlp_configs
 SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
+SETS["crr"] = lambda: catalog(("regular",), ("bf16",), ("crr",))  # a Linear's dW: the tune step's bf16 crr sweep
 # What `gpu_session.sh tune` sweeps with TUNE_SPECS="$(cat benchmarks/sweeps/cuda_tuning_specs_full.txt)"
 # (a Linear's forward rcr, dX rrr and dW crr in bf16 and fp16, fp8 rcr) and cuda_gemm.py's fp8 part
 SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \

@@ -223,12 +223,14 @@ class TuningDatabase:
             return []
         where = "WHERE variant=? AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?"
         columns = "problem, size_a, size_b, size_c, config, latency_ms"
-        tables = ["timings"] + ([_LEGACY_TABLE] if self._has_legacy_table() else [])
+        tables = self._tables()
         sql = " UNION ALL ".join(f"SELECT {columns} FROM {t} {where}" for t in tables)
         return self._select(sql, self._scope(problem) * len(tables))
 
-    def _has_legacy_table(self) -> bool:
-        return bool(self._select("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_LEGACY_TABLE,)))
+    def _tables(self) -> list:
+        """The tables rows are read from: `timings`, and the winners table of a database written before it."""
+        legacy = self._select("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_LEGACY_TABLE,))
+        return ["timings"] + ([_LEGACY_TABLE] if legacy else [])
 
     def lookup(self, problem, record=None):
         """The tuned config for `problem`, or None (`winner`)."""
@@ -375,7 +377,7 @@ class TuningDatabase:
         """The database's own rows as dicts (of `target` only, if given)."""
         if not self.path.exists():
             return []
-        tables = ["timings"] + ([_LEGACY_TABLE] if self._has_legacy_table() else [])
+        tables = self._tables()
         sql = " UNION ALL ".join(f"SELECT {_COLUMNS} FROM {t} WHERE ? IS NULL OR target = ?" for t in tables)
         return self._select(sql + " ORDER BY variant, problem, latency_ms", (target, target) * len(tables),
                             named=True)
