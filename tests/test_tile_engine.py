@@ -542,6 +542,10 @@ def test_a_neighbours_times_carry_over_by_its_waves_of_tiles(tmp_path):
     more = GemmProblem(128 * 13, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
     assert db.lookup(more, record) == hybrid
     assert Dispatcher(tuning=db).select(more) == hybrid  # the default selection passes the record
+    from dispatcher.kinds import KindProblem  # what a call makes: the same answer as explain's GemmProblem
+    call = KindProblem(128 * 13, 256 * 11, 4096, 1, "bf16", "bf16", "rcr", "regular", "cuda",
+                       (("activation", "none"), ("bias", "none")), ())
+    assert db.lookup(call, record) == hybrid
 
 
 def test_a_database_of_the_winners_table_is_read_as_times(tmp_path):
