@@ -21,12 +21,11 @@ from dispatcher.tuning import SCOPE, read_shipped, write_shipped
 
 
 def merged(new: list, shipped: list) -> list:
-    """shipped's rows of scopes new does not have, then new's rows, sorted."""
+    """shipped's rows of scopes new does not have, then new's rows (`write_shipped` sorts them)."""
     scope = lambda row: tuple(row[k] for k in SCOPE)  # noqa: E731
     replaced = {scope(r) for r in new}
-    rows = [r for r in shipped if scope(r) not in replaced] + [
+    return [r for r in shipped if scope(r) not in replaced] + [
         {**r, "source": re.sub(r"^.*?(sweeps/)", r"\1", r.get("source", ""))} for r in new]
-    return sorted(rows, key=lambda r: (*scope(r), r["size_a"], r["size_b"], r["size_c"]))
 
 
 def main():

@@ -144,10 +144,15 @@ class VariantRecord:
         kernel of this one returns status -2 (unless the caller is strict).
     k_splits: KernelConfig -> how many K slices one output tile is summed
         from (split-K); what the performance model is told.
-    shares_last_wave: KernelConfig -> whether its kernels share a problem's
-        work past the first full wave of tiles out evenly over the workers
-        (stream-K, hybrid): the occupancy model then counts its waves
-        unrounded (tiles / workers, at least one), not rounded up.
+    shares_last_wave: KernelConfig -> whether its kernels share the tiles
+        of a partial last wave out over all the workers (stream-K, hybrid):
+        the occupancy model then counts its waves unrounded (tiles /
+        workers, at least one), not rounded up. (CUTLASS's hybrid heuristic
+        shares only a last wave less than half full; counted unrounded
+        throughout, the regular variant's hybrid kernels carried the H100's
+        measured times from neighbour to neighbour better: regret geomean
+        1.017, worst 1.126, against 1.023 and 1.247 (benchmarks/
+        selection_replay.py on benchmarks/results/cuda_gemm_*_ef3555f.json).)
     packs_a_once: its kernels pack all of A once per call where their
         target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
         not once per tile: the occupancy model counts A's packing so.

@@ -57,9 +57,10 @@ def estimated_cost(problem, config, record=None) -> float:
     micro-tiles a problem smaller than the tile covers) plus the overhead of
     loading its A and B blocks, which makes small tiles slow. A work item is
     a block tile, or with K split (`record.k_splits`) one slice of it, which
-    costs its share of K; a variant that shares the work past the first
-    wave out evenly (`record.shares_last_wave`: stream-K) counts its waves
-    unrounded. A B block a worker reuses for several tiles in a row (the
+    costs its share of K; a kernel that shares a partial last wave's tiles
+    out over all the workers (`record.shares_last_wave`: the regular
+    variant's hybrid decomposition) counts its waves unrounded, at least
+    one. A B block a worker reuses for several tiles in a row (the
     target's `panel_reuse`) costs its share once, and so does an A block
     where the variant packs A once (`record.packs_a_once`, the target's
     `a_panel_reuse`); all of it over the target's `compute_rate` of the

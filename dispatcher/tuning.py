@@ -71,13 +71,14 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "tuning"
 # factor of 2 in each of the three sizes. Past it the winner says little (a
 # GEMV is no 512-wide GEMM) and the selection model ranks instead.
 NEAREST_WITHIN = 2
-# How many of the nearest tuned problems decide together. Replayed on the H100's sweeps
-# (main and mid-size grids, benchmarks/results/sweeps/cuda_h100_ef3555f) against the measured
-# catalog of 70 benchmark shapes: nearest winner alone regret geomean 1.032, worst 1.227;
-# 4 nearest 1.021 / 1.125; 8 nearest 1.020 / 1.125.
+# How many of the nearest tuned problems decide together. Replayed on the shipped H100 times
+# against the measured catalog of 64 benchmark shapes (benchmarks/selection_replay.py on
+# cuda_gemm_midsize_h100_ef3555f.json and cuda_gemm_h100_ef3555f.json), default kernel over the
+# best: the nearest one's times alone regret geomean 1.021, worst 1.278; 4 nearest 1.017 / 1.126;
+# 8 nearest 1.017 / 1.126 (the nearest winner alone, as the GPU measured it: 1.029 / 1.227).
 NEIGHBOURS = 8
-# An export keeps a problem's kernels up to this factor slower than its fastest: slower ones
-# are never the choice of a neighbourhood they are in (the replay above gives the same picks).
+# An export keeps a problem's kernels up to this factor slower than its fastest: no choice of the
+# replay above changes when the slower ones are left out (replayed on the full sweeps).
 EXPORT_WITHIN = 1.5
 # The columns one set of winners is tuned for (a sweep covers one scope over its grid of problems).
 SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
@@ -126,6 +127,18 @@ def _pairs(tuned_sizes, sizes):
     return [(max(x, 1.0), max(y, 1.0)) for x, y in zip(tuned_sizes, sizes)]
 
 
+@functools.lru_cache(maxsize=4096)
+def _neighbour_config(config):
+    """Its target's `neighbour_config` of a stored config (`config` itself where unchanged)."""
+    adapted = targets.get(config.target).neighbour_config(config)
+    return config if adapted.name == config.name else adapted
+
+
+@functools.lru_cache(maxsize=4096)
+def _builds(config) -> bool:
+    return not config.problems()
+
+
 @attrs.frozen
 class Winner:
     """What decides a problem's kernel in a tuning database: the config, the
@@ -140,8 +153,8 @@ class Winner:
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
-        where = ("this problem" if self.exact else
-                 f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
+        where = ("this problem" if self.exact else f"the nearest tuned problem, {self.problem}"
+                 if self.neighbours == 1 else f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
         return f"{self.config.name} ({'shipped' if self.shipped else 'own'} times of {where}{adapted})"
 
 
@@ -171,6 +184,7 @@ class TuningDatabase:
         package (module docstring)."""
         self.path = Path(path)
         self.shipped = shipped
+        self._legacy = None  # whether the file has an older version's winners table (`_tables`)
 
     @classmethod
     def default(cls) -> "TuningDatabase":
@@ -217,20 +231,27 @@ class TuningDatabase:
     def _shipped(self, problem) -> list:
         return shipped_rows().get(self._scope(problem), []) if self.shipped else []
 
-    def _own(self, problem) -> list:
-        """This database's rows of `problem`'s scope, as `shipped_rows` gives them."""
+    def _own(self, problem, key=None) -> list:
+        """This database's rows of `problem`'s scope (of the tuned problem
+        `key` only, if given), as `shipped_rows` gives them."""
         if not self.path.exists():
             return []
-        where = "WHERE variant=? AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?"
+        where = "WHERE variant=? AND target=? AND arch=? AND dtype=? AND out_dtype=? AND layout=?" + \
+            (" AND problem=?" if key is not None else "")
+        parameters = self._scope(problem) + ((key,) if key is not None else ())
         columns = "problem, size_a, size_b, size_c, config, latency_ms"
         tables = self._tables()
         sql = " UNION ALL ".join(f"SELECT {columns} FROM {t} {where}" for t in tables)
-        return self._select(sql, self._scope(problem) * len(tables))
+        return self._select(sql, parameters * len(tables))
 
     def _tables(self) -> list:
-        """The tables rows are read from: `timings`, and the winners table of a database written before it."""
-        legacy = self._select("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (_LEGACY_TABLE,))
-        return ["timings"] + ([_LEGACY_TABLE] if legacy else [])
+        """The tables rows are read from: `timings`, and the winners table of
+        a database written before it (looked up once: this version never
+        makes one)."""
+        if self._legacy is None:
+            self._legacy = bool(self._select("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                             (_LEGACY_TABLE,)))
+        return ["timings"] + ([_LEGACY_TABLE] if self._legacy else [])
 
     def lookup(self, problem, record=None):
         """The tuned config for `problem`, or None (`winner`)."""
@@ -272,9 +293,12 @@ class TuningDatabase:
         False where the nearest rows have no kernel in common."""
         key, sizes = problem_key(problem)
         measured = {}  # (shipped, tuned problem) -> (its sizes, {kernel name: (config, ms)}), usable ones only
+        near = {}  # tuned problem -> whether it is near enough (asked once: it has a row per kernel)
         for shipped, rows in ((0, self._own(problem)), (1, self._shipped(problem))):
             for tuned, a, b, c, text, ms in rows:
-                if tuned != key and not _near((a, b, c), sizes):
+                if tuned not in near:
+                    near[tuned] = tuned == key or _near((a, b, c), sizes)
+                if not near[tuned]:
                     continue
                 config = _config(text)
                 # (a tuned plain kernel must not serve a fused-epilogue call)
@@ -293,27 +317,37 @@ class TuningDatabase:
         if not by_distance:
             return None
         shipped = min(s for d, s, _ in by_distance if d <= by_distance[0][0] + 1e-9)  # (to rounding)
-        nearest = [(tuned, *measured[shipped, tuned]) for _, s, tuned in by_distance if s == shipped][:NEIGHBOURS]
-        carried = [(sizes_of, self._carried_times(problem, times)) for _, sizes_of, times in nearest]
-        common = set.intersection(*(set(times) for _, times in carried))
-        if not common:
+        pool = [(d, tuned) for d, s, tuned in by_distance if s == shipped][:NEIGHBOURS]
+        carried = [(measured[shipped, tuned][0], self._carried_times(problem, measured[shipped, tuned][1]))
+                   for _, tuned in pool]
+        # the most of the nearest that measured a kernel in common, never splitting equally near ones
+        # (databases of winners only: the nearest winner, unless an equally near one disagrees)
+        for count in range(len(pool), 0, -1):
+            if count < len(pool) and pool[count][0] <= pool[count - 1][0] + 1e-9:
+                continue
+            common = set.intersection(*(set(times) for _, times in carried[:count]))
+            if common:
+                break
+        else:
             return False
+        carried = carried[:count]
 
         def mean_log_time(name):
             """The mean over the neighbours of log(its time there, carried over to `problem`)."""
             config = carried[0][1][name][0]
-            here = math.log(estimated_cost(problem, config, record))
             total = 0.0
             for sizes_of, times in carried:
                 there = problem.at_tuning_sizes(sizes_of)
-                scale = here - math.log(estimated_cost(there, config, record)) if there is not None else 0.0
+                costs = (estimated_cost(problem, config, record), estimated_cost(there, config, record)) \
+                    if there is not None else (0.0, 0.0)
+                scale = math.log(costs[0] / costs[1]) if min(costs) > 0 else 0.0  # (no tiles: nothing to scale)
                 total += math.log(times[name][1]) + scale
             return total / len(carried)
 
         name = min(sorted(common), key=mean_log_time)
         config, _, measured_as = carried[0][1][name]
         note = f"its target's change for a neighbour's kernel ({measured_as})" if measured_as != name else ""
-        return Winner(config, nearest[0][0], bool(shipped), False, adapted=note, neighbours=len(nearest))
+        return Winner(config, pool[0][1], bool(shipped), False, adapted=note, neighbours=count)
 
     def _carried_times(self, problem, times: dict) -> dict:
         """{kernel name: (config, ms, the kernel measured)} of one
@@ -333,21 +367,22 @@ class TuningDatabase:
     def _carried_over(problem, config):
         """What of a neighbour's kernel `config` runs `problem`: its target's
         `neighbour_config` of it where that config can run it, else itself."""
-        adapted = targets.get(config.target).neighbour_config(config)
-        return adapted if adapted.name != config.name and TuningDatabase._runs(problem, adapted) else config
+        adapted = _neighbour_config(config)
+        return adapted if adapted is not config and TuningDatabase._runs(problem, adapted) else config
 
     @staticmethod
     def _runs(problem, config) -> bool:
         """Whether `config` builds and runs `problem` (its fused epilogue, its output)."""
-        return not config.problems() and not unmet_fields(problem, config)
+        return _builds(config) and not unmet_fields(problem, config)
 
     def has(self, problem) -> bool:
         """Whether `problem` itself (not a nearest neighbour) has a usable
         entry of this database's own, measured here: autotune asks, and
         tunes a problem that only shipped winners (of another card) or a
         stale row of its own cover."""
-        found = self.winner(problem)
-        return found is not None and found.exact and not found.shipped
+        key = problem_key(problem)[0]
+        return any(tuned == key and (config := _config(text)) is not None and self._runs(problem, config)
+                   for tuned, *_, text, _ in self._own(problem, key))
 
     def _select(self, sql: str, parameters, named: bool = False) -> list:
         """The rows of one query (`named`: as dicts of the table's column
@@ -395,11 +430,15 @@ def write_shipped(path, about: str, rows: list) -> int:
     per problem and kernel, one a line, leaving out kernels more than
     `EXPORT_WITHIN` slower than their problem's fastest. Whole or not at
     all. Returns the rows written."""
-    fastest: dict = {}
+    problem_of = lambda r: (*(r[c] for c in SCOPE), r["problem"])  # noqa: E731
+    each: dict = {}  # one row per problem and kernel: its fastest (a database's timings and older winners both)
     for r in rows:
-        key = (*(r[c] for c in SCOPE), r["problem"])
-        fastest[key] = min(fastest.get(key, math.inf), r["latency_ms"])
-    kept = sorted((r for r in rows if r["latency_ms"] <= EXPORT_WITHIN * fastest[(*(r[c] for c in SCOPE), r["problem"])]),
+        if (problem_of(r), r["kernel"]) not in each or r["latency_ms"] < each[problem_of(r), r["kernel"]]["latency_ms"]:
+            each[problem_of(r), r["kernel"]] = r
+    fastest: dict = {}
+    for r in each.values():
+        fastest[problem_of(r)] = min(fastest.get(problem_of(r), math.inf), r["latency_ms"])
+    kept = sorted((r for r in each.values() if r["latency_ms"] <= EXPORT_WITHIN * fastest[problem_of(r)]),
                   key=lambda r: (*(r[c] for c in SCOPE), r["size_a"], r["size_b"], r["size_c"], r["latency_ms"]))
     configs = {r["kernel"]: r["config"] for r in kept}
     lines = ["{" + f'"about": {json.dumps(about)},', '"configs": {']

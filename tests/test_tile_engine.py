@@ -472,7 +472,7 @@ def test_equally_near_winners_that_disagree_leave_it_to_the_model(tmp_path):
     assert db.lookup(between) is None
     assert Dispatcher(tuning=db).select(between) == Dispatcher(tuning=None).select(between)
     nearer = GemmProblem(290, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
-    assert db.lookup(nearer) is None  # nearer one of them, but they measured no kernel in common
+    assert db.lookup(nearer) == large  # no kernel in common: the nearest one's winner, as it is not a tie
     alone = GemmProblem(150, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")  # 450 is past 2x
     assert db.lookup(alone) == large  # one neighbour: its winner
 
@@ -513,7 +513,8 @@ def test_neighbours_decide_together_on_a_kernel_good_at_all_of_them(tmp_path):
     nearest winner alone is 2x slower at the other neighbour). Same tiles,
     so the occupancy model changes none of the times."""
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
-    first, second, both = (_cuda(tile_m=128, tile_n=128, cluster_m=m, cluster_n=n) for m, n in ((1, 2), (2, 1), (2, 4)))
+    first, second, both = (_cuda(tile_m=128, tile_n=128, cluster_m=m, cluster_n=n)
+                           for m, n in ((1, 2), (2, 1), (2, 4)))
     for shape, times in (((2048, 2048, 4096), (1.0, 2.0, 1.05)), ((4096, 4096, 4096), (2.0, 1.0, 1.05))):
         for config, ms in zip((first, second, both), times):
             db.record(GemmProblem(*shape, "bf16", "bf16", "rcr", "regular", "cuda"), config, ms)
@@ -526,9 +527,7 @@ def test_a_neighbours_times_carry_over_by_its_waves_of_tiles(tmp_path):
     """At a neighbour of exactly one wave of 128x256 tiles (132 on 132 SMs:
     no GPU here) the data-parallel kernel beat its hybrid stream-K twin by
     2%; at 143 tiles the data-parallel one needs a second wave for 11 tiles
-    and the hybrid one shares them out: the hybrid runs. With K split in 2
-    the wave holds half the tiles: a split-K kernel measured slower there
-    costs the same waves at half the K here, and is counted so."""
+    and the hybrid one shares them out: the hybrid runs."""
     from dispatcher.plugins import get_manager
     record = get_manager().variant("regular")
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
@@ -546,6 +545,24 @@ def test_a_neighbours_times_carry_over_by_its_waves_of_tiles(tmp_path):
     call = KindProblem(128 * 13, 256 * 11, 4096, 1, "bf16", "bf16", "rcr", "regular", "cuda",
                        (("activation", "none"), ("bias", "none")), ())
     assert db.lookup(call, record) == hybrid
+
+
+def test_a_neighbourhood_of_winners_only_takes_the_most_of_the_nearest_that_agree(tmp_path):
+    """Rows of one kernel each (older databases, autotune's): the nearest
+    ones that measured a kernel in common decide (here the nearer two of
+    three), and an empty problem (no tiles to carry times over by) still
+    gets an answer, not a math error."""
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    first = _cuda(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2)
+    other = _cuda(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
+    for m, config in ((2000, first), (2600, first), (3900, other)):
+        db.record(GemmProblem(m, 4096, 4096, "bf16", "bf16", "rcr", "regular", "cuda"), config, 1.0)
+    found = db.winner(GemmProblem(2300, 4096, 4096, "bf16", "bf16", "rcr", "regular", "cuda"))
+    assert (found.config, found.neighbours, found.problem) == (first, 2, "2600x4096x4096")
+    assert "the 2 nearest tuned problems" in str(found)
+    assert db.winner(GemmProblem(2300, 0, 4096, "bf16", "bf16", "rcr", "regular", "cuda")) is None  # 0 vs 4096: too far
+    db.record(GemmProblem(2000, 1, 4096, "bf16", "bf16", "rcr", "regular", "cuda"), first, 1.0)
+    assert db.lookup(GemmProblem(2300, 0, 4096, "bf16", "bf16", "rcr", "regular", "cuda")) == first
 
 
 def test_a_database_of_the_winners_table_is_read_as_times(tmp_path):

@@ -123,7 +123,6 @@ RECORD = VariantRecord(
     partial_sums=lambda config: targets.get(config.target).parallelism(config),
     k_splits=lambda config: (config.variant_params["splits"]
                              if config.variant_params["decomposition"] == "split_k" else 1),
-    shares_last_wave=lambda config: config.variant_params["decomposition"] in ("hybrid", "stream_k"),
     description="stream-K: K-iterations split evenly over persistent workers, partial tiles fixed up",
 )
 
