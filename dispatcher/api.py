@@ -28,9 +28,11 @@ def _resolve_target(target: str, *arrays) -> str:
     """"auto": the target whose memory holds the arrays (numpy: cpu; torch
     CUDA tensors and CUDA arrays: cuda); else the named target."""
     if target == "auto":
-        if all(type(x) is np.ndarray or x is None for x in arrays):
-            return "cpu"
-        return targets.for_arrays(*(x for x in arrays if x is not None))
+        held = [x for x in arrays if x is not None]
+        for x in held:
+            if type(x) is not np.ndarray:
+                return targets.for_arrays(*held)
+        return "cpu"
     if not isinstance(target, str):
         raise ConfigError(f"target must be a target name or 'auto', got {type(target).__name__}")
     targets.get(target)

@@ -30,9 +30,10 @@ def for_arrays(*arrays) -> str:
     """`target="auto"`: the target whose memory holds these arrays (cpu for
     none, e.g. a grouped call with no groups)."""
     _load_builtin()
-    for name in _TARGETS:
-        if arrays and name != "cpu" and all(_TARGETS[name].owns(x) for x in arrays):
-            return name
+    if arrays:
+        for name, target in _TARGETS.items():
+            if name != "cpu" and all(map(target.owns, arrays)):
+                return name
     return "cpu"
 
 
@@ -41,9 +42,15 @@ def names():
     return tuple(_TARGETS)
 
 
+_BUILTIN_LOADED = []  # [True] once `_load_builtin` ran: a per-call import statement costs a microsecond
+
+
 def _load_builtin():
+    if _BUILTIN_LOADED:
+        return
     from . import cpu  # noqa: F401  (registers itself)
     try:
         from . import cuda  # noqa: F401
     except ImportError:
         pass
+    _BUILTIN_LOADED.append(True)
