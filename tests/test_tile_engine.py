@@ -524,22 +524,24 @@ def test_neighbours_decide_together_on_a_kernel_good_at_all_of_them(tmp_path):
 
 
 def test_a_neighbours_times_carry_over_by_its_waves_of_tiles(tmp_path):
-    """At a neighbour of exactly one wave of 128x256 tiles (132 on 132 SMs:
-    no GPU here) the data-parallel kernel beat its hybrid stream-K twin by
-    2%; at 143 tiles the data-parallel one needs a second wave for 11 tiles
-    and the hybrid one shares them out: the hybrid runs."""
+    """At two neighbours of exactly one wave of 128x256 tiles (132 on 132
+    SMs: no GPU here) the data-parallel kernel beat its hybrid stream-K twin
+    by 2%; at 143 tiles the data-parallel one needs a second wave for 11
+    tiles and the hybrid one shares them out: the hybrid runs. One
+    neighbour alone decides by its times as measured (`CARRIED_FROM`)."""
     from dispatcher.plugins import get_manager
     record = get_manager().variant("regular")
     db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
     plain = _cuda(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
     hybrid = plain.replace(decomposition="hybrid")
-    tuned = GemmProblem(128 * 12, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
-    db.record(tuned, plain, 1.0)
-    db.record(tuned, hybrid, 1.02)
-    assert db.lookup(tuned, record) == plain
-    assert db.lookup(GemmProblem(128 * 12, 256 * 11, 3000, "bf16", "bf16", "rcr", "regular", "cuda"), record) == plain
     more = GemmProblem(128 * 13, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda")
-    assert db.lookup(more, record) == hybrid
+    for k in (3072, 6144):
+        tuned = GemmProblem(128 * 12, 256 * 11, k, "bf16", "bf16", "rcr", "regular", "cuda")
+        db.record(tuned, plain, 1.0 * k)
+        db.record(tuned, hybrid, 1.02 * k)
+        assert db.lookup(tuned, record) == plain
+        assert db.lookup(more, record) == (plain if k == 3072 else hybrid)  # one neighbour, then two
+    assert db.lookup(GemmProblem(128 * 12, 256 * 11, 4096, "bf16", "bf16", "rcr", "regular", "cuda"), record) == plain
     assert Dispatcher(tuning=db).select(more) == hybrid  # the default selection passes the record
     from dispatcher.kinds import KindProblem  # what a call makes: the same answer as explain's GemmProblem
     call = KindProblem(128 * 13, 256 * 11, 4096, 1, "bf16", "bf16", "rcr", "regular", "cuda",
