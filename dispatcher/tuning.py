@@ -350,7 +350,7 @@ class TuningDatabase:
                 costs = (estimated_cost(problem, config, record), estimated_cost(there, config, record)) \
                     if there is not None else (0.0, 0.0)
                 scale = math.log(costs[0] / costs[1]) if min(costs) > 0 else 0.0  # (no tiles: nothing to scale)
-                total += math.log(times[name][1]) + scale
+                total += math.log(max(times[name][1], 1e-12)) + scale  # (a time of 0 recorded by hand)
             return total / len(carried)
 
         name = min(sorted(common), key=mean_log_time)
