@@ -271,7 +271,7 @@ class TuningDatabase:
         """The tuned entry that decides `problem`, or None: an exact entry
         (the user's own before a shipped one), else the choice of the nearest
         tuned problems (module docstring; record: the problem's variant, whose
-        split-K and stream-K kernels the occupancy model counts so), where
+        split-K and hybrid kernels the occupancy model counts so), where
         they measured a kernel in common. A problem that no times of its own
         decide takes, in `_relaxed` order, the choice for the same problem
         without its fused epilogue (bias, activation: it runs once per output
@@ -340,16 +340,17 @@ class TuningDatabase:
         else:
             return False
         carried = carried[:count]
+        # each neighbour as a problem of this one's kind, where its times are carried over by the model
+        theres = [problem.at_tuning_sizes(sizes_of) if count >= CARRIED_FROM else None for sizes_of, _ in carried]
 
         def mean_log_time(name):
             """The mean over the neighbours of log(its time there, carried over to `problem`)."""
             config = carried[0][1][name][0]
+            here = estimated_cost(problem, config, record) if any(t is not None for t in theres) else 0.0
             total = 0.0
-            for sizes_of, times in carried:
-                there = problem.at_tuning_sizes(sizes_of) if len(carried) >= CARRIED_FROM else None
-                costs = (estimated_cost(problem, config, record), estimated_cost(there, config, record)) \
-                    if there is not None else (0.0, 0.0)
-                scale = math.log(costs[0] / costs[1]) if min(costs) > 0 else 0.0  # (no tiles: nothing to scale)
+            for there, (_, times) in zip(theres, carried):
+                cost = estimated_cost(there, config, record) if there is not None else 0.0
+                scale = math.log(here / cost) if min(here, cost) > 0 else 0.0  # (no tiles: nothing to scale)
                 total += math.log(max(times[name][1], 1e-12)) + scale  # (a time of 0 recorded by hand)
             return total / len(carried)
 

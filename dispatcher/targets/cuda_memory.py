@@ -40,7 +40,6 @@ def multiprocessors() -> int:
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=64)
 def _is_torch_type(cls) -> bool:
     return cls.__module__.startswith("torch") and hasattr(cls, "data_ptr")
 

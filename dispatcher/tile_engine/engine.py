@@ -127,6 +127,7 @@ def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
     returns the fastest per problem."""
     by_name = {c.name: c for c in configs}
     best = defaultdict(lambda: None)
+    problems = {}  # problem index -> its record, made once for its many rows
     measured = []
     for r in rows:
         if r["status"] != "ok" or r["kernel"] not in by_name:
@@ -134,7 +135,9 @@ def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
         if o.verify and r.get("verified") not in ("True", True):
             continue
         idx = int(r["problem_idx"])
-        measured.append((problem_record(probs[idx], o, kind), by_name[r["kernel"]], float(r["latency_ms"])))
+        if idx not in problems:
+            problems[idx] = problem_record(probs[idx], o, kind)
+        measured.append((problems[idx], by_name[r["kernel"]], float(r["latency_ms"])))
         if best[idx] is None or float(r["latency_ms"]) < float(best[idx]["latency_ms"]):
             best[idx] = r
     tuning = TuningDatabase.default() if o.tuning == "default" else o.tuning
