@@ -1,31 +1,49 @@
 """The one dtype table: token, numpy type, accumulator and default output.
 
 Every other module asks this table; no other module spells a dtype rule.
-8-bit floats come from ml_dtypes in both OCP (`float8_e4m3fn`, `float8_e5m2`)
-and FNUZ (`float8_e4m3fnuz`, `float8_e5m2fnuz`) encodings.
+bfloat16 and the 8-bit floats come from ml_dtypes, the latter in both OCP
+(`float8_e4m3fn`, `float8_e5m2`) and FNUZ (`float8_e4m3fnuz`, `float8_e5m2fnuz`)
+encodings. ml_dtypes is imported the first time one of its types is needed,
+not with this module: its import alone takes about a second (ml_dtypes 0.7
+on numpy 2.4), which every fp32 call, CLI command and sweep worker process
+would otherwise pay.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import attrs
-import ml_dtypes
 import numpy as np
 
 from .errors import DtypeError
 
 
+# The types ml_dtypes provides, by their numpy names.
+_ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+
+
+@functools.cache
+def _numpy_dtype(name: str) -> np.dtype:
+    if name in _ML_DTYPES:
+        return np.dtype(getattr(importlib.import_module("ml_dtypes"), name))
+    return np.dtype(name)
+
+
 @attrs.frozen
 class DType:
     token: str            # the name used in configs and kernel names
-    numpy: np.dtype
+    numpy_name: str       # its numpy dtype's name
+    itemsize: int
     acc: str              # accumulator token
     default_out: str      # output token when the caller does not ask
     outputs: tuple        # output tokens a kernel may write
     is_float8: bool = False
 
     @property
-    def itemsize(self) -> int:
-        return self.numpy.itemsize
+    def numpy(self) -> np.dtype:
+        return _numpy_dtype(self.numpy_name)
 
 
 _FLOAT_OUT = ("fp32", "fp16", "bf16")
@@ -33,15 +51,15 @@ _FLOAT_OUT = ("fp32", "fp16", "bf16")
 TABLE: dict[str, DType] = {
     d.token: d
     for d in (
-        DType("fp32", np.dtype(np.float32), "fp32", "fp32", _FLOAT_OUT),
-        DType("fp16", np.dtype(np.float16), "fp32", "fp16", _FLOAT_OUT),
-        DType("bf16", np.dtype(ml_dtypes.bfloat16), "fp32", "bf16", _FLOAT_OUT),
-        DType("fp8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn), "fp32", "fp16", _FLOAT_OUT, True),
-        DType("fp8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "fp32", "fp16", _FLOAT_OUT, True),
-        DType("fp8_e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), "fp32", "fp16", _FLOAT_OUT, True),
-        DType("fp8_e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), "fp32", "fp16", _FLOAT_OUT, True),
-        DType("int8", np.dtype(np.int8), "int32", "int32", ("int32",)),
-        DType("int32", np.dtype(np.int32), "int32", "int32", ("int32",)),
+        DType("fp32", "float32", 4, "fp32", "fp32", _FLOAT_OUT),
+        DType("fp16", "float16", 2, "fp32", "fp16", _FLOAT_OUT),
+        DType("bf16", "bfloat16", 2, "fp32", "bf16", _FLOAT_OUT),
+        DType("fp8_e4m3", "float8_e4m3fn", 1, "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e5m2", "float8_e5m2", 1, "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e4m3fnuz", "float8_e4m3fnuz", 1, "fp32", "fp16", _FLOAT_OUT, True),
+        DType("fp8_e5m2fnuz", "float8_e5m2fnuz", 1, "fp32", "fp16", _FLOAT_OUT, True),
+        DType("int8", "int8", 1, "int32", "int32", ("int32",)),
+        DType("int32", "int32", 4, "int32", "int32", ("int32",)),
     )
 }
 
@@ -57,7 +75,20 @@ _ALIASES = {
 }
 
 
-_BY_NUMPY = {d.numpy: d for d in TABLE.values()}
+# numpy dtype -> DType, filled as dtypes are met (so that a float32 array
+# never imports ml_dtypes): one dict lookup on a warm call.
+_BY_NUMPY = {d.numpy: d for d in TABLE.values() if d.numpy_name not in _ML_DTYPES}
+_BY_NAME = {d.numpy_name: d for d in TABLE.values()}
+
+
+def _of_numpy(np_dtype: np.dtype):
+    """The DType of a numpy dtype, or None (an ml_dtypes type is compared
+    with ml_dtypes' own, not only by name: another library may name one alike)."""
+    found = _BY_NAME.get(np_dtype.name)
+    if found is None or found.numpy != np_dtype:
+        return None
+    _BY_NUMPY[np_dtype] = found
+    return found
 
 
 SUPPORTED = f"inputs: {', '.join(INPUT_TOKENS)}; outputs: {', '.join(OUTPUT_TOKENS)}"
@@ -68,7 +99,10 @@ def get(spec) -> DType:
     its name: torch is not imported here)."""
     if isinstance(spec, DType):
         return spec
-    found = _BY_NUMPY.get(spec) if isinstance(spec, np.dtype) else TABLE.get(spec) if spec.__hash__ else None
+    if isinstance(spec, np.dtype):
+        found = _BY_NUMPY.get(spec) or _of_numpy(spec)
+    else:
+        found = TABLE.get(spec) if spec.__hash__ else None
     if found is not None:
         return found
     if type(spec).__module__ == "torch" and type(spec).__name__ == "dtype":
@@ -79,9 +113,9 @@ def get(spec) -> DType:
         np_dtype = np.dtype(spec)
     except TypeError:
         raise DtypeError(f"unknown dtype {spec!r}; {SUPPORTED}") from None
-    for d in TABLE.values():
-        if d.numpy == np_dtype:
-            return d
+    found = _of_numpy(np_dtype)
+    if found is not None:
+        return found
     raise DtypeError(f"dtype {np_dtype} is not supported; {SUPPORTED}")
 
 

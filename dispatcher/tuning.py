@@ -20,10 +20,11 @@ target carries it over from a neighbour (`neighbour_config`: on cuda
 without its swizzle); where no kernel was measured at all the nearest,
 the selection model decides.
 
-Shipped times: `dispatcher/data/tuning/*.json` hold rows of the same
-kind, measured by the tile engine's catalog sweeps on a named GPU (each
-file says which and how: `export`), so a fresh install selects as a tuned
-one. A database reads them beside its own rows: an exact entry of its own
+Shipped times: `dispatcher/data/tuning/<arch>.json` holds rows of the
+same kind for one arch (`Target.arch_id`), measured by the tile engine's
+catalog sweeps on a named GPU (each file says which and how: `export`), so
+a fresh install selects as a tuned one. A lookup reads its arch's file
+only: a CPU call never parses the GPU's rows. A database reads them beside its own rows: an exact entry of its own
 first, then an exact shipped one, then the nearest (its own, where one is
 as near as the nearest shipped one). Autotune still measures a problem
 that only shipped rows cover (`has`). They are data, versioned with the
@@ -94,22 +95,29 @@ SCOPE = ("variant", "target", "arch", "dtype", "out_dtype", "layout")
 
 
 @functools.lru_cache(maxsize=None)
-def shipped_rows(directory: Path = SHIPPED_DIR) -> dict:
-    """The shipped times: scope (variant, target, arch, dtype, out dtype,
-    layout) -> [(problem, size_a, size_b, size_c, config JSON, latency ms), ...]."""
+def shipped_rows(arch: str, directory: Path = SHIPPED_DIR) -> dict:
+    """The shipped times of `arch` (the file `<arch>.json`, if there is
+    one): scope (variant, target, arch, dtype, out dtype, layout) ->
+    [(problem, size_a, size_b, size_c, config JSON, latency ms), ...]."""
+    path = directory / f"{arch}.json"
+    if not path.exists():
+        return {}
     rows: dict = {}
-    for path in sorted(directory.glob("*.json")):
-        try:
-            for r in read_shipped(path)[1]:
-                scope = tuple(r[c] for c in SCOPE)
-                numbers = (r["size_a"], r["size_b"], r["size_c"], r["latency_ms"])
-                if not isinstance(r["problem"], str) or not isinstance(r["config"], dict) or \
-                        not all(type(x) in (int, float) for x in numbers):
-                    raise TypeError(f"a row's problem, sizes, time or config of the wrong type: {r!r:.200}")
-                rows.setdefault(scope, []).append((r["problem"], *numbers[:3], json.dumps(r["config"]), numbers[3]))
-        except (KeyError, TypeError, AttributeError) as e:
-            raise DispatcherError(f"shipped tuning times {path} are not an export of `TuningDatabase.export` "
-                                  f"({type(e).__name__}: {e}); remove or rebuild the file") from None
+    try:
+        about, configs, found = _shipped_file(path)
+        config_json = {name: json.dumps(config) for name, config in configs.items()}
+        for r in found:
+            scope = tuple(r[c] for c in SCOPE)
+            numbers = (r["size_a"], r["size_b"], r["size_c"], r["latency_ms"])
+            if not isinstance(r["problem"], str) or not isinstance(configs[r["kernel"]], dict) or \
+                    not all(type(x) in (int, float) for x in numbers):
+                raise TypeError(f"a row's problem, sizes, time or config of the wrong type: {r!r:.200}")
+            if r["arch"] != arch:
+                raise ValueError(f"a row of arch {r['arch']!r}: this file holds {arch}'s rows only")
+            rows.setdefault(scope, []).append((r["problem"], *numbers[:3], config_json[r["kernel"]], numbers[3]))
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise DispatcherError(f"shipped tuning times {path} are not an export of `TuningDatabase.export` "
+                              f"for {arch} ({type(e).__name__}: {e}); remove or rebuild the file") from None
     return rows
 
 
@@ -238,7 +246,10 @@ class TuningDatabase:
             return con.total_changes - before
 
     def _shipped(self, problem) -> list:
-        return shipped_rows().get(self._scope(problem), []) if self.shipped else []
+        if not self.shipped:
+            return []
+        scope = self._scope(problem)
+        return shipped_rows(scope[SCOPE.index("arch")]).get(scope, [])
 
     def _own(self, problem, key=None) -> list:
         """This database's rows of `problem`'s scope (of the tuned problem
@@ -428,10 +439,16 @@ class TuningDatabase:
                             named=True)
 
 
+def _shipped_file(path) -> tuple:
+    """(about, {kernel: config dict}, rows) of a file of shipped times."""
+    found = read_json(path, "shipped tuning times", DispatcherError)
+    return found["about"], found["configs"], found["rows"]
+
+
 def read_shipped(path) -> tuple:
     """(about, rows) of a file of shipped times, each row with its `config` dict."""
-    found = read_json(path, "shipped tuning times", DispatcherError)
-    return found["about"], [{**r, "config": found["configs"][r["kernel"]]} for r in found["rows"]]
+    about, configs, rows = _shipped_file(path)
+    return about, [{**r, "config": configs[r["kernel"]]} for r in rows]
 
 
 def write_shipped(path, about: str, rows: list) -> int:

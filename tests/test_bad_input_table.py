@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import dispatcher
-from dispatcher import build, errors
+from dispatcher import build, errors, targets
 from dispatcher.cli import main as cli_main
 from dispatcher.targets import cpu_isa
 
@@ -161,12 +161,13 @@ def _shipped_tuning_corrupt(ctx):
     from dispatcher import tuning
     from dispatcher.problem import GemmProblem
     read = tuning.shipped_rows.__wrapped__
-    ctx.monkeypatch.setattr(tuning, "shipped_rows", lambda: read(ctx.tmp_path))
+    ctx.monkeypatch.setattr(tuning, "shipped_rows", lambda arch: read(arch, ctx.tmp_path))
     problem = GemmProblem(64, 64, 64, "fp32", "fp32", "rcr", "regular", "cpu")
-    (ctx.tmp_path / "winners.json").write_text("{bad")
-    with pytest.raises(errors.DispatcherError, match="winners.json is not valid JSON"):
+    shipped = ctx.tmp_path / f"{targets.get('cpu').arch_id()}.json"  # the file of this problem's arch
+    shipped.write_text("{bad")
+    with pytest.raises(errors.DispatcherError, match=f"{shipped.name} is not valid JSON"):
         tuning.TuningDatabase(ctx.tmp_path / "own.sqlite").lookup(problem)
-    (ctx.tmp_path / "winners.json").write_text('{"rows": [{"variant": "regular"}]}')
+    shipped.write_text('{"rows": [{"variant": "regular"}]}')
     tuning.TuningDatabase(ctx.tmp_path / "own.sqlite").lookup(problem)
 
 

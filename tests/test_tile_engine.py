@@ -310,10 +310,12 @@ def test_shipped_winners_are_read_after_a_databases_own_exact_entries(tmp_path, 
     source.record(problem, shipped, 1.0)
     shipped_dir = tmp_path / "shipped"
     shipped_dir.mkdir()
-    assert source.export(shipped_dir / "cpu.json", "a test") == 1
-    assert json.loads((shipped_dir / "cpu.json").read_text())["about"] == "a test"
+    arch = dispatcher.targets.get("cpu").arch_id()
+    assert source.export(shipped_dir / f"{arch}.json", "a test") == 1
+    assert json.loads((shipped_dir / f"{arch}.json").read_text())["about"] == "a test"
+    (shipped_dir / "sm_00.json").write_text("{another arch's file, never read for a cpu problem")
     read = tuning.shipped_rows.__wrapped__
-    monkeypatch.setattr(tuning, "shipped_rows", lambda: read(shipped_dir))
+    monkeypatch.setattr(tuning, "shipped_rows", lambda arch: read(arch, shipped_dir))
     fresh = TuningDatabase(tmp_path / "fresh.sqlite")
     assert not fresh.has(problem)  # shipped rows are another machine's: autotune still measures
     assert fresh.lookup(problem) == shipped and fresh.lookup(far) == shipped  # exact, then nearest
@@ -338,9 +340,9 @@ def test_an_own_winner_as_near_as_a_shipped_one_comes_first(own_m, m, shipped_m,
     large = dispatcher.KernelConfig.create(layout="rrr", tile_m=36, tile_n=96, tile_k=64)
     source = TuningDatabase(tmp_path / "measured.sqlite", shipped=False)
     source.record(GemmProblem(shipped_m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), small, 1.0)
-    source.export(tmp_path / "cpu.json", "a test")
+    source.export(tmp_path / f"{dispatcher.targets.get('cpu').arch_id()}.json", "a test")
     read = tuning.shipped_rows.__wrapped__
-    monkeypatch.setattr(tuning, "shipped_rows", lambda: read(tmp_path))
+    monkeypatch.setattr(tuning, "shipped_rows", lambda arch: read(arch, tmp_path))
     db = TuningDatabase(tmp_path / "own.sqlite")
     db.record(GemmProblem(own_m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu"), large, 1.0)
     between = GemmProblem(m, 200, 100, "fp32", "fp32", "rrr", "regular", "cpu")
@@ -419,10 +421,12 @@ def test_shipped_rows_of_the_wrong_types_are_a_dispatcher_error(tmp_path):
            "latency_ms": 1.0}
     for bad_row, configs in (({"size_a": "64"}, {"k": {}}), ({"latency_ms": None}, {"k": {}}), ({}, {"k": "x"}),
                              ({}, {"k": None}), ({"problem": 7}, {"k": {}}), ({"kernel": "other"}, {"k": {}}),
-                             ({}, [])):
-        (tmp_path / "w.json").write_text(json.dumps({"about": "", "configs": configs, "rows": [{**row, **bad_row}]}))
-        with pytest.raises(errors.DispatcherError, match="w.json are not an export"):
-            tuning.shipped_rows.__wrapped__(tmp_path)
+                             ({}, []), ({"arch": "cpu-y"}, {"k": {}})):
+        (tmp_path / "cpu-x.json").write_text(json.dumps({"about": "", "configs": configs,
+                                                         "rows": [{**row, **bad_row}]}))
+        with pytest.raises(errors.DispatcherError, match="cpu-x.json are not an export"):
+            tuning.shipped_rows.__wrapped__("cpu-x", tmp_path)
+    assert tuning.shipped_rows.__wrapped__("cpu-z", tmp_path) == {}  # no file of its own: no rows
 
 
 def test_export_tuning_writes_this_machines_winners_for_shipping(tmp_path):
@@ -451,7 +455,8 @@ def test_every_shipped_winner_names_a_config_that_builds_for_its_scope():
     a plugin or schema change that makes a row stale fails here, before a
     user's lookup silently skips it."""
     from dispatcher import tuning
-    rows = tuning.shipped_rows.__wrapped__()
+    rows = {scope: entries for path in tuning.SHIPPED_DIR.glob("*.json")
+            for scope, entries in tuning.shipped_rows.__wrapped__(path.stem).items()}
     assert rows, "no shipped winners"
     for (variant, target, arch, dtype, out_dtype, layout), entries in rows.items():
         for problem, *sizes, config_json, latency_ms in entries:
