@@ -126,3 +126,20 @@ def test_an_unknown_plugin_name_to_disable_is_reported(monkeypatch):
     proc = cli("plugins", "--json", env={**os.environ, "DISPATCHER_DISABLE_PLUGINS": "stream_kk"})
     warning, = proc.stderr.strip().splitlines()
     assert proc.returncode == 0 and warning.startswith("gemm-dispatcher: warning: ") and "stream_kk" in warning
+
+
+def test_float32_work_never_imports_ml_dtypes():
+    """ml_dtypes' import alone takes about a second (0.7 on numpy 2.4): a
+    process that multiplies float32 never pays it, and a bfloat16 array
+    still finds its dtype once its caller imported ml_dtypes."""
+    code = """
+import sys, numpy as np, dispatcher
+a = np.arange(12, dtype=np.float32).reshape(3, 4)
+assert np.array_equal(dispatcher.gemm(a, a.T), a.astype(np.float64) @ a.T)
+print("ml_dtypes" in sys.modules)
+import ml_dtypes
+print(dispatcher.dtypes.get(a.astype(ml_dtypes.bfloat16).dtype).token)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "bf16"]
