@@ -104,14 +104,15 @@ def shipped_rows(arch: str, directory: Path = SHIPPED_DIR) -> dict:
         return {}
     rows: dict = {}
     try:
-        about, configs, found = _shipped_file(path)
+        _, configs, found = _shipped_file(path)
+        if not all(isinstance(config, dict) for config in configs.values()):
+            raise TypeError("a config that is not an object")
         config_json = {name: json.dumps(config) for name, config in configs.items()}
         for r in found:
             scope = tuple(r[c] for c in SCOPE)
             numbers = (r["size_a"], r["size_b"], r["size_c"], r["latency_ms"])
-            if not isinstance(r["problem"], str) or not isinstance(configs[r["kernel"]], dict) or \
-                    not all(type(x) in (int, float) for x in numbers):
-                raise TypeError(f"a row's problem, sizes, time or config of the wrong type: {r!r:.200}")
+            if not isinstance(r["problem"], str) or not all(type(x) in (int, float) for x in numbers):
+                raise TypeError(f"a row's problem, sizes or time of the wrong type: {r!r:.200}")
             if r["arch"] != arch:
                 raise ValueError(f"a row of arch {r['arch']!r}: this file holds {arch}'s rows only")
             rows.setdefault(scope, []).append((r["problem"], *numbers[:3], config_json[r["kernel"]], numbers[3]))
@@ -402,8 +403,8 @@ class TuningDatabase:
         tunes a problem that only shipped winners (of another card) or a
         stale row of its own cover."""
         key = problem_key(problem)[0]
-        return any(tuned == key and (config := _config(text)) is not None and self._runs(problem, config)
-                   for tuned, *_, text, _ in self._own(problem, key))
+        return any((config := _config(text)) is not None and self._runs(problem, config)
+                   for *_, text, _ in self._own(problem, key))  # (rows of `key` only)
 
     def _select(self, sql: str, parameters, named: bool = False) -> list:
         """The rows of one query (`named`: as dicts of the table's column
