@@ -11,6 +11,7 @@ from dispatcher.problem import GemmProblem
 from dispatcher.targets import cuda
 
 TILE = dict(target="cuda", tile_m=128, tile_n=128, cluster_m=1, cluster_n=2)  # tests/test_cuda_gpu.py's
+TREE_TILE = dict(target="cuda", tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, schedule="pingpong")  # and this
 
 
 def catalog(variants=("regular", "stream_k", "grouped"), dtypes=("bf16",), layouts=("rcr",)) -> list:
@@ -84,9 +85,13 @@ def test_configs() -> list:
                                        splits=splits, reduction="tree", **TILE))
     for layout, splits in (("rcr", 3), ("rcr", 8), ("rrr", 3)):  # test_regular_split_k's
         out.append(KernelConfig.create(dtype="bf16", layout=layout, tile_k=64, splits=splits, **TILE))
+    for layout, splits in (("rcr", 4), ("rrr", 3), ("crr", 8)):  # test_regular_tree_split_k's
+        out.append(KernelConfig.create(dtype="bf16", layout=layout, tile_k=64, splits=splits, reduction="tree",
+                                       **TREE_TILE))
     for bias, activation in (("col", "gelu"), ("row", "relu")):  # test_regular_split_k_alpha_beta_and_epilogue's
-        out.append(KernelConfig.create(dtype="bf16", layout="rrr", tile_k=64, splits=3, bias=bias,
-                                       activation=activation, **TILE))
+        for reduction, tile in (("linear", TILE), ("tree", TREE_TILE)):
+            out.append(KernelConfig.create(dtype="bf16", layout="rrr", tile_k=64, splits=3, bias=bias,
+                                           activation=activation, reduction=reduction, **tile))
     for layout, epilogue in (("rcr", {}), ("rrr", {}), ("rrr", dict(bias="col", activation="relu"))):
         out.append(KernelConfig.create(dtype="bf16", layout=layout, tile_k=64, decomposition="hybrid",
                                        **epilogue, **TILE))  # test_regular_hybrid*'s
@@ -218,6 +223,7 @@ SETS["defaults"] = default_configs
 SETS["mlp"] = mlp_configs
 SETS["rrr"] = lambda: catalog(("regular",), ("bf16",), ("rrr",))  # cuda_gemm.py's unaligned part (row-major B)
 SETS["crr"] = lambda: catalog(("regular",), ("bf16",), ("crr",))  # a Linear's dW: the tune step's bf16 crr sweep
+SETS["rcr"] = lambda: catalog(("regular",), ("bf16",), ("rcr",))  # the regular variant's alone
 # What `gpu_session.sh tune` sweeps with TUNE_SPECS="$(cat benchmarks/sweeps/cuda_tuning_specs_full.txt)"
 # (a Linear's forward rcr, dX rrr and dW crr in bf16 and fp16, fp8 rcr) and cuda_gemm.py's fp8 part
 SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \
@@ -229,6 +235,9 @@ SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
 SETS["hybrid"] = lambda: _sweep("catalog_hybrid.json", "bf16", "rcr")  # the split-K set's and the hybrid kernels
 # What `TUNE_SWEEP=catalog_raster.json TUNE_SPECS=stream_k:bf16:rcr:cuda_tuning_grid_stream_k` sweeps
 SETS["stream_k_raster"] = lambda: _sweep("catalog_raster.json", "bf16", "rcr", "stream_k")
+# The GPU tests' split-K kernels (both variants, both reductions) and gemv kernels
+SETS["split"] = lambda: [c for c in test_configs() if c.variant_params.get("splits", 1) > 1
+                         or c.target_params["schedule"] == "gemv"]
 # The gemv kernels of the GPU tests and what cuda_gemm.py's skinny part times them against
 SETS["gemv"] = lambda: [c for c in test_configs() if c.target_params["schedule"] == "gemv"] + \
     catalog(("regular",), ("bf16",), ("rcr",))

@@ -49,3 +49,25 @@ def test_regular_split_k_is_named_and_cuda_only():
     with pytest.raises(dispatcher.ConfigError, match="split-K is a cuda schedule"):
         Dispatcher().codegen(dispatcher.KernelConfig.create(target="cpu", dtype="fp32", tile_m=48, tile_n=64,
                                                             tile_k=64, splits=2))
+
+
+def test_regular_tree_split_k_runs_any_schedule_and_needs_splits():
+    tree = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=64, tile_n=64, tile_k=64,
+                                          cluster_m=1, cluster_n=1, schedule="pingpong", splits=4,
+                                          reduction="tree", bias="row", activation="silu")
+    assert tree.name.endswith("_pp_sauto_biasrow_silu_splitk4_tree")
+    source = Dispatcher().codegen(tree).files[0][1]
+    assert "#define DCUDA_TREE_SPLIT_K 1" in source and "dcuda::tree::SplitK<T, 4, Epi>" in source
+    linear = dispatcher.KernelConfig.create(target="cuda", dtype="bf16", tile_m=128, tile_n=128, tile_k=64,
+                                            splits=4)
+    assert "#define DCUDA_TREE_SPLIT_K 0" in Dispatcher().codegen(linear).files[0][1]
+    for bad, match in [(dict(splits=1), "it takes splits > 1"),
+                       (dict(schedule="gemv", tile_m=4, tile_n=4), "does not apply to the gemv schedule"),
+                       (dict(decomposition="hybrid"), "takes decomposition=data_parallel"),
+                       (dict(target="cpu", dtype="fp32", tile_m=48), "split-K is a cuda schedule")]:
+        fields = {**dict(target="cuda", dtype="bf16", tile_m=64, tile_n=64, tile_k=64, schedule="pingpong",
+                         splits=4, reduction="tree"), **bad}
+        if fields["target"] == "cpu":
+            fields.pop("schedule")
+        with pytest.raises(dispatcher.ConfigError, match=match):
+            Dispatcher().codegen(dispatcher.KernelConfig.create(**fields))

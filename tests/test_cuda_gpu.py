@@ -98,22 +98,38 @@ def test_regular_split_k(layout, splits, gen):
         assert err <= tol, (layout, splits, shape, err)
 
 
-# A fused epilogue runs once per output tile, after its K slices are summed.
-SPLIT_EPILOGUES = [("col", "gelu"), ("row", "relu")]
+# The regular variant's split-K with the tree reduction (the target's
+# reduction kernel), on the catalog's 64x64 ping-pong tiles: a skinny long K,
+# slices that leave a short last one, one tile, and the Linear's layouts.
+TREE_TILE = dict(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, schedule="pingpong")
 
 
-@pytest.mark.parametrize("per, activation", SPLIT_EPILOGUES)
-def test_regular_split_k_alpha_beta_and_epilogue(per, activation, gen):
+@pytest.mark.parametrize("layout, splits", [("rcr", 4), ("rrr", 3), ("crr", 8)])
+def test_regular_tree_split_k(layout, splits, gen):
+    for shape in SPLIT_SHAPES + [(8, 2048, 8192), (64, 64, 100)]:
+        err, tol = run("regular", "bf16", layout, shape, gen, splits=splits, reduction="tree", **TREE_TILE)
+        assert err <= tol, (layout, splits, shape, err)
+
+
+# A fused epilogue runs once per output tile, after its K slices are summed
+# (the tree reduction: in its reduction kernel).
+SPLIT_EPILOGUES = [(per, activation, reduction) for per, activation in (("col", "gelu"), ("row", "relu"))
+                   for reduction in ("linear", "tree")]
+
+
+@pytest.mark.parametrize("per, activation, reduction", SPLIT_EPILOGUES)
+def test_regular_split_k_alpha_beta_and_epilogue(per, activation, reduction, gen):
     m, n, k = 200, 136, 3000
+    tile = TREE_TILE if reduction == "tree" else {}
     a, b, c = operand(m, k, "bf16", "r", gen), operand(k, n, "bf16", "r", gen), operand(m, n, "bf16", "r", gen)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    cfg = config("regular", "bf16", "rrr", splits=3)
+    cfg = config("regular", "bf16", "rrr", splits=3, reduction=reduction, **tile)
     dispatcher.gemm(a, b, c=c, alpha=2.0, beta=0.5, out=out, target="cuda", config=cfg)
     torch.cuda.synchronize()
     assert max_rel(out.float().cpu().numpy(), reference(a, b, 2.0, c, 0.5)) <= tolerance(cfg, k)
     bias = operand(1, n, "bf16", "r", gen)[0] if per == "col" else operand(m, 1, "bf16", "r", gen)
     out.fill_(float("nan"))
-    cfg = config("regular", "bf16", "rrr", splits=3, bias=per, activation=activation)
+    cfg = config("regular", "bf16", "rrr", splits=3, bias=per, activation=activation, reduction=reduction, **tile)
     dispatcher.run("regular", a=a, b=b, out=out, bias=bias, activation=activation, alpha=0.5, target="cuda",
                    config=cfg)
     torch.cuda.synchronize()

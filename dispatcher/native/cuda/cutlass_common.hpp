@@ -63,10 +63,21 @@ struct FusionOf<ElementC, Bias::col, A> {
 template <Bias B, Activation A>
 struct Epilogue {
     static constexpr Bias bias = B;
+    static constexpr Activation activation = A;
     template <class ElementC>
     using Fusion = typename FusionOf<ElementC, B, A>::type;
 };
 using PlainEpilogue = Epilogue<Bias::none, Activation::none>;
+
+// The activation on one fp32 value, for the target's kernels that apply the
+// epilogue themselves (gemv.hpp, split_k_tree.hpp): as CUTLASS's functors.
+template <Activation A>
+__device__ inline float activate(float v) {
+    if constexpr (A == Activation::relu) return fmaxf(v, 0.0f);
+    if constexpr (A == Activation::gelu) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if constexpr (A == Activation::silu) return v / (1.0f + __expf(-v));
+    return v;
+}
 
 // The mainloop and epilogue collectives of one kernel. LayoutA/B/C are the
 // traits' layouts, or pointers to them for pointer-array (grouped) kernels.

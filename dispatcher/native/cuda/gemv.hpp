@@ -57,14 +57,6 @@ __device__ inline void load8(const E* p, float out[8]) {
     }
 }
 
-template <Activation A>
-__device__ inline float activate(float v) {
-    if constexpr (A == Activation::relu) return fmaxf(v, 0.0f);
-    if constexpr (A == Activation::gelu) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    if constexpr (A == Activation::silu) return v / (1.0f + __expf(-v));
-    return v;
-}
-
 // One block: rows [first, first + kRowsPerBlock) of the big operand against
 // the small operand's rows (at most S). Each warp sums its share of K (Vec:
 // 16-byte loads, rows aligned and K a multiple of 8; else one element a
