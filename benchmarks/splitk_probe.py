@@ -146,7 +146,8 @@ def plot(result, path):
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
     ax.set_xticklabels([f"{r['M']}x{r['N']}x{r['K']}" for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("cuBLAS time / best kernel time")
-    ax.set_title(f"best of the probe's kernels in each family vs torch.matmul, kernel alone ({result['gpu']})", fontsize=10)
+    ax.set_title(f"best of the probe's kernels in each family vs torch.matmul, kernel alone ({result['gpu']})",
+                 fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
