@@ -454,7 +454,7 @@ CASES = {
     "config-not-a-config": lambda ctx: dispatcher.gemm(f32(3, 4), f32(4, 5), config=[24, 64, 32]),
     "config-unknown-key": each(
         lambda: dispatcher.gemm(f32(3, 4), f32(4, 5), config=dict(tile_q=3)),
-        lambda: dispatcher.KernelConfig.create(variant="regular", reduction="linear")),
+        lambda: dispatcher.KernelConfig.create(variant="regular", target="cpu", cluster_m=2)),
     "config-disagrees": each(
         *(lambda fields=fields: dispatcher.gemm(f32(3, 4), f32(4, 5), config=dict(SMALL, **fields))
           for fields in (dict(dtype="fp16"), dict(dtype_c="bf16"), dict(layout="rcr"),

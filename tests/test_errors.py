@@ -117,8 +117,8 @@ def test_beta_without_c():
 def test_unknown_config_key_is_named():
     with pytest.raises(errors.ConfigError, match="'tile_q'"):
         dispatcher.gemm(f32(3, 4), f32(4, 5), config=dict(tile_q=3))
-    with pytest.raises(errors.ConfigError, match="'reduction'"):
-        dispatcher.KernelConfig.create(variant="regular", reduction="linear")
+    with pytest.raises(errors.ConfigError, match="'cluster_m'"):  # the cuda target's, on the cpu
+        dispatcher.KernelConfig.create(variant="regular", target="cpu", cluster_m=2)
 
 
 def test_invalid_config_values_name_the_allowed_ones():
