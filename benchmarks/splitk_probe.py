@@ -4,7 +4,8 @@ against torch's addmm + gelu, per tile and schedule: the probe behind the
 regular catalog's small tiles and tree split-K (issue 23) and its fused
 epilogue kernels (issue 22).
 
-    OUT=dir python benchmarks/splitk_probe.py        # on the GPU machine; FUSED=0: the first part only
+    OUT=dir python benchmarks/splitk_probe.py     # on the GPU machine; FUSED=0 or SPLIT=0 leaves a part out
+    # FUSED_LAYOUT=rrr: the fused part with B row-major (call_overhead.py's fused rows)
 
 Which split-K reduction streams a few-tile problem at cuBLAS speed?
 CUTLASS's stream-K fix-up adds the K slices' partials in turn (linear) or
@@ -64,9 +65,11 @@ CONFIGS.append(cfg("stream_k", 128, 256, "cooperative", 2, 1, reduction="atomic"
 def main():
     d = Dispatcher(tuning=None)
     budget = float(os.environ.get("PROBE_SECONDS", "300"))
+    split, fused_part = (os.environ.get(part, "1") == "1" for part in ("SPLIT", "FUSED"))
     start = time.time()
-    with ThreadPoolExecutor(16) as pool:
-        built = list(pool.map(lambda c: (c, _try(lambda: d.library(c))), CONFIGS + (FUSED_CONFIGS if os.environ.get("FUSED", "1") == "1" else [])))[:len(CONFIGS)]
+    with ThreadPoolExecutor(16) as pool:  # the fused part's kernels built here too, in parallel
+        built = list(pool.map(lambda c: (c, _try(lambda: d.library(c))),
+                              (CONFIGS if split else []) + (FUSED_CONFIGS if fused_part else [])))
     print(f"built {sum(1 for _, l in built if not isinstance(l, Exception))} of {len(built)} "
           f"in {time.time() - start:.0f}s", flush=True)
     for c, lib in built:
@@ -74,7 +77,7 @@ def main():
             print(f"  FAILED {c.name}: {str(lib)[:300]}")
     timing = TimingOptions(warmup=5, repeat=15, flush_l2=True)
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in SHAPES if split else ():
         if time.time() - start > budget:
             print("out of time"); break
         a, b = operands(m, n, k)
@@ -113,7 +116,7 @@ def main():
         if bad:
             print("   ", bad)
         rows.append(dict(M=m, N=n, K=k, torch_us=t_torch, default_call_us=t_default, kernels_us=times))
-    fused_rows = fused(timing) if os.environ.get("FUSED", "1") == "1" else []
+    fused_rows = fused(timing) if fused_part else []
     out_dir = os.environ.get("OUT", ".")
     result = dict(command="OUT=dir python benchmarks/splitk_probe.py", environment=environment(),
                   gpu=torch.cuda.get_device_name(), rows=rows, fused=fused_rows)
@@ -159,7 +162,8 @@ FUSED_TILES = [dict(m=128, n=256, sched="cooperative", cm=2, cn=1), dict(m=256, 
                dict(m=64, n=128, sched="pingpong", cm=2, cn=1), dict(m=128, n=192, sched="pingpong", cm=1, cn=1)]
 
 
-FUSED_CONFIGS = [cfg("regular", t["m"], t["n"], t["sched"], t["cm"], t["cn"], **epi)
+FUSED_CONFIGS = [cfg("regular", t["m"], t["n"], t["sched"], t["cm"], t["cn"], **epi).replace(
+                 layout=os.environ.get("FUSED_LAYOUT", "rcr"))
                  for t in FUSED_TILES for epi in (dict(bias="col", activation="gelu"), {})]
 
 
@@ -169,8 +173,11 @@ def fused(timing):
     GEMM of the same kernels: what the epilogue costs each schedule."""
     d = Dispatcher(tuning=None)
     rows = []
+    layout = os.environ.get("FUSED_LAYOUT", "rcr")  # rrr: B row-major, as call_overhead.py's fused rows
     for m, n, k in ((4096, 4096, 4096), (2048, 8192, 2048), (8192, 2048, 4096), (1024, 1024, 1024)):
         a, b = operands(m, n, k)
+        if layout == "rrr":
+            b = b.contiguous()
         bias = (torch.rand(n, device="cuda") - 0.5).to(torch.bfloat16)
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         ref = torch.nn.functional.gelu(torch.addmm(bias.float(), a.float(), b.float()))
@@ -199,7 +206,7 @@ def fused(timing):
         print(f"fused {m}x{n}x{k}: torch addmm+gelu {t_torch:.1f} us (matmul {t_plain_torch:.1f}); "
               + ", ".join(f"{name.split('rcr_')[1]} {t:.1f}" for t, name in ranked[:4]), flush=True)
         print("   plain:", {k.split('rcr_')[1]: v for k, v in times.items() if "gelu" not in k})
-        rows.append(dict(M=m, N=n, K=k, torch_addmm_gelu_us=t_torch, torch_matmul_us=t_plain_torch, kernels_us=times))
+        rows.append(dict(M=m, N=n, K=k, layout=layout, torch_addmm_gelu_us=t_torch, torch_matmul_us=t_plain_torch, kernels_us=times))
     return rows
 
 
