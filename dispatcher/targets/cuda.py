@@ -329,10 +329,12 @@ class CudaTarget:
         for m, n, k in problem.shapes:
             if not (m and n and k):
                 continue
-            # K in fewer tiles than slices: each slice is a whole K tile, as the kernels cut it
+            # K in fewer tiles than slices: a slice is a whole K tile, as the kernels cut it; but a
+            # config that splits pays for its reduction even where K has one tile (at least 2 slices)
+            slices = splits if splits == 1 else min(splits, max(2, -(-k // config.tile_k)))
             found = cuda_model.estimate_us(m, n, k, config.layout, config.dtype_a, config.dtype_c,
                                            (config.tile_m, config.tile_n), (o["cluster_m"], o["cluster_n"]),
-                                           min(splits, -(-k // config.tile_k)), o["swizzle"],
+                                           slices, o["swizzle"],
                                            _along_m(o, m, n, config.tile_m, config.tile_n))
             if found is None:
                 return None
