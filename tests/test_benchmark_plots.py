@@ -33,3 +33,25 @@ def test_a_benchmark_without_matplotlib_skips_its_plot(monkeypatch, tmp_path, ca
     cpu_gemm.plot([{"rows": []}], tmp_path / "cpu_gemm.png")
     assert not (tmp_path / "cpu_gemm.png").exists()
     assert "matplotlib not installed: no cpu_gemm.png" in capsys.readouterr().err
+
+
+def test_merge_tuning_replaces_a_scope_or_adds_to_it():
+    """benchmarks/merge_tuning.py: a scope is replaced whole, or with add
+    only the rows of the new problems and kernels are (the rest stay)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import merge_tuning
+    finally:
+        sys.path.remove(str(BENCH))
+    scope = dict(variant="regular", target="cuda", arch="sm_90a", dtype="bf16", out_dtype="bf16", layout="rcr")
+    row = lambda problem, kernel, ms: dict(scope, problem=problem, kernel=kernel, latency_ms=ms)  # noqa: E731
+    old = [row("8x8x8", "k1", 1.0), row("8x8x8", "k2", 2.0), row("16x16x16", "k1", 3.0)]
+    new = [row("8x8x8", "k1", 0.5), row("8x8x8", "k3", 0.7)]
+    other = dict(row("8x8x8", "k1", 9.0), layout="rrr")
+    whole = {(r["layout"], r["problem"], r["kernel"], r["latency_ms"])
+                          for r in merge_tuning.merged(new, old + [other])}
+    assert whole == {("rcr", "8x8x8", "k1", 0.5), ("rcr", "8x8x8", "k3", 0.7), ("rrr", "8x8x8", "k1", 9.0)}
+    merged_set = {(r["layout"], r["problem"], r["kernel"], r["latency_ms"])
+                  for r in merge_tuning.merged(new, old + [other], add=True)}
+    assert merged_set == {("rcr", "8x8x8", "k1", 0.5), ("rcr", "8x8x8", "k2", 2.0), ("rcr", "16x16x16", "k1", 3.0),
+                          ("rcr", "8x8x8", "k3", 0.7), ("rrr", "8x8x8", "k1", 9.0)}
