@@ -46,8 +46,11 @@ CPU_DEFAULTS = (
 # cooperative tiles at 0.91x against 0.84x (H100, splitk_probe_h100_*.json).
 # Split-K is the tree reduction's (`reduction=tree`: partials summed by a
 # kernel of its own, on ping-pong tiles): 8 x 2048 x 8192 ran 0.92x cuBLAS on
-# 64x64 tiles in 4 slices, against 0.66x for the best data-parallel kernel
-# and 0.67x for CUTLASS's own split-K (its fix-up adds the slices in turn).
+# 64x64 tiles in 4 slices, against 0.66x for 64x128 ping-pong, 0.73x for the
+# best data-parallel kernel (64x64) and 0.67x for CUTLASS's own split-K (its
+# fix-up adds the slices in turn). NVIDIA's model once ranked CUTLASS's
+# split-K first where it ran 1.1-2.3x slower; the tuning database's times
+# decide near its grid (M 16..8192, N and K 512..8192, each within 2x).
 # The large tiles come in the hybrid decomposition too: on mid-size squares
 # their last wave leaves most SMs idle (5120^3: 6.06 waves), where the
 # stream-K variant's 128x256 hybrid ran 0.96x cuBLAS against the
