@@ -239,6 +239,25 @@ typename Gemm::Arguments gemm_arguments(const dispatcher_gemm_args* a) {
     return arguments;
 }
 
+// alpha with the call's per-tensor scales folded in (a scale of 0: unset, 1).
+inline float scaled_alpha(const dispatcher_gemm_args* a) {
+    const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
+    return float(a->alpha * scale);
+}
+
+// The bias operand (extra operand 0) of a kernel that fuses one, checked to
+// be there; an empty operand for a kernel that does not (B none).
+template <Bias B>
+dispatcher_operand fused_bias(const dispatcher_gemm_args* a) {
+    if constexpr (B == Bias::none) {
+        return dispatcher_operand{nullptr, 0, 0, 0};
+    } else {
+        if (a->extra_count < 1 || !a->extra || !a->extra[0].data)
+            throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
+        return a->extra[0];
+    }
+}
+
 // The ABI-2 fields of a call on a single-problem kernel's arguments: the
 // batch (mode L, each operand's batch stride; 0 = one matrix for every
 // batch), the per-tensor scales folded into alpha, and the fused bias
@@ -252,12 +271,9 @@ void apply_abi2(typename Gemm::Arguments& arguments, const dispatcher_gemm_args*
     cute::get<2>(arguments.mainloop.dB) = a->batch_stride_b;
     cute::get<2>(arguments.epilogue.dC) = a->batch_stride_c;
     cute::get<2>(arguments.epilogue.dD) = a->batch_stride_c;
-    const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
-    arguments.epilogue.thread.alpha = float(a->alpha * scale);
+    arguments.epilogue.thread.alpha = scaled_alpha(a);
     if constexpr (Epi::bias != Bias::none) {
-        if (a->extra_count < 1 || !a->extra || !a->extra[0].data)
-            throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
-        const dispatcher_operand& bias = a->extra[0];
+        const dispatcher_operand bias = fused_bias<Epi::bias>(a);
         if (!bias_contiguous(a, Epi::bias == Bias::row))
             throw Failure(DISPATCHER_UNSUPPORTED, "the CUDA bias epilogue reads a contiguous bias vector");
         arguments.epilogue.thread.bias_ptr = static_cast<const typename T::ElementC*>(bias.data);

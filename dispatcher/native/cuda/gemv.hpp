@@ -157,15 +157,11 @@ int run(const dispatcher_gemm_args* a) {
     if (!small_a && a->n > kMaxSmall)
         throw Failure(DISPATCHER_UNSUPPORTED, "the gemv schedule takes M or N up to 4");
     Params p{};
-    const dispatcher_operand none{nullptr, 0, 0, 0};
-    const dispatcher_operand& bias = B != Bias::none && a->extra_count > 0 && a->extra ? a->extra[0] : none;
-    if (B != Bias::none && !bias.data)
-        throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
+    const dispatcher_operand bias = fused_bias<B>(a);
     p.c = a->c;
     p.bias = bias.data;
     p.k = int(a->k);
-    const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
-    p.alpha = float(a->alpha * scale);  // per-tensor scales folded into alpha, as apply_abi2 does
+    p.alpha = scaled_alpha(a);
     p.beta = float(a->beta);
     if (small_a) {  // C[m][n]: small row m of A, big row n of B (column-major: B's column n)
         p.small = a->a, p.ld_small = a->lda, p.big = a->b, p.ld_big = a->ldb;

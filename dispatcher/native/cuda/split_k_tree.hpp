@@ -136,10 +136,7 @@ struct SplitK {
         if (a->workspace_bytes < w.bytes || !a->workspace)
             throw Failure(DISPATCHER_ERROR, "workspace smaller than dispatcher_workspace_size()");
         using ElementC = typename T::ElementC;
-        const dispatcher_operand none{nullptr, 0, 0, 0};
-        const dispatcher_operand& bias = Epi::bias != Bias::none && a->extra_count > 0 && a->extra ? a->extra[0] : none;
-        if (Epi::bias != Bias::none && !bias.data)
-            throw Failure(DISPATCHER_ERROR, "this kernel fuses a bias: extra operand 0 must be the bias");
+        const dispatcher_operand bias = fused_bias<Epi::bias>(a);
         auto* base = static_cast<char*>(a->workspace);
         auto* partials = reinterpret_cast<float*>(base + w.partials_offset);
         Launches l = launches_of(a, w, partials);
@@ -149,11 +146,9 @@ struct SplitK {
         constexpr int kThreads = 256;
         const int64_t blocks = std::min<int64_t>((a->m * a->n + kThreads - 1) / kThreads,
                                                  int64_t(multiprocessor_count(current_device())) * 8);
-        // per-tensor scales folded into alpha, as apply_abi2 does
-        const double scale = (a->scale_a == 0.0 ? 1.0 : a->scale_a) * (a->scale_b == 0.0 ? 1.0 : a->scale_b);
         reduce<ElementC, MaxSlices, Epi::bias, Epi::activation><<<int(blocks), kThreads, 0, stream>>>(
             partials, w.slice_elems, w.ldw, int(l.full_count + l.rest_count), a->m, a->n,
-            static_cast<ElementC*>(a->c), a->ldc, float(a->alpha * scale), float(a->beta),
+            static_cast<ElementC*>(a->c), a->ldc, scaled_alpha(a), float(a->beta),
             static_cast<const ElementC*>(bias.data), bias.row_stride, bias.col_stride);
         check_cuda(cudaGetLastError(), "split-K reduction launch");
         return DISPATCHER_OK;
