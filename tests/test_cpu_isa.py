@@ -327,8 +327,14 @@ def test_isa_and_extensions_are_in_the_kernel_name_and_the_cache_key():
     assert _cache_key(plain) != _cache_key(dot)
 
 
-@pytest.mark.parametrize("variant", ["regular", "stream_k", "grouped"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8", "fp8_e4m3"])
+# Every dtype once in the fast suite, the variants in turn; the other eight
+# cells are slow (CI's slow step runs them).
+_GENERIC_FAST = {("regular", "fp32"), ("stream_k", "bf16"), ("grouped", "int8"), ("regular", "fp8_e4m3")}
+
+
+@pytest.mark.parametrize("variant, dtype", [
+    pytest.param(v, d, marks=() if (v, d) in _GENERIC_FAST else pytest.mark.slow)
+    for d in ("fp32", "bf16", "int8", "fp8_e4m3") for v in ("regular", "stream_k", "grouped")])
 def test_portable_generic_isa_computes_correctly(variant, dtype, rng):
     """The baseline ISA (SSE2 / NEON) on whatever machine runs the suite:
     every x86-64 or aarch64 machine can run it, so this is never skipped."""
