@@ -72,6 +72,7 @@ for step in "$@"; do
     # another sweep file (catalog_raster.json: each catalog kernel in both raster orders too;
     # catalog_splitk.json: its cooperative kernels with K split in 2, 4 and 8 too, BUILD_SET=splitk;
     # catalog_hybrid.json: those and its cooperative kernels in the hybrid decomposition, BUILD_SET=hybrid;
+    # catalog_bias_gelu.json: the catalog with a fused column bias and GELU, timed on that fused problem;
     # grid cuda_tuning_grid_mid: mid-size shapes between the main grid's powers of two); TUNE_KEEP=1
     # adds to the database of an earlier tune step on the same machine (sweeps split over calls)
     tune) [ -n "${TUNE_KEEP:-}" ] || rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm

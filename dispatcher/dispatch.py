@@ -20,11 +20,12 @@ import attrs
 from . import environ, targets
 from .build import BuildCache
 from .config import KernelConfig
+from .epilogue import unmet_fields
 from .errors import (BuildError, ConfigError, KernelError, LibraryError, PluginError, ToolchainError,
                      UnsupportedProblem)
 from .library import Library
 from .plugins import get_manager
-from .problem import fixed_fields, unmet_fields
+from .problem import fixed_fields
 from .records import check_offered, resolve_launch_options
 from .selection import rank
 from .timing import TimingOptions, median, spread

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .errors import ProblemError
 from .kinds import Operand
+from .problem import fixed_fields
 from .records import Option
 
 BIASES = ("none", "row", "col")
@@ -58,3 +59,31 @@ def problem_options(extras: dict) -> dict:
         return {"bias": "col"}
     raise ProblemError("bias must be one value per output column (shape (N,) or (1, N)) or per "
                        "row (shape (M, 1)), not a full matrix")
+
+
+def unmet_fields(problem, config) -> list:
+    """[(field, the config's value, the problem's)] for each value the
+    problem fixes that `config` does not carry, and for each epilogue the
+    config fuses that the problem does not ask for (a plain problem's
+    epilogue is the options' defaults): empty if it may run it."""
+    want = {o.name: o.default for o in OPTIONS if o.name in config.variant_params}
+    want.update(fixed_fields(problem))
+    return [(field, config.variant_params.get(field), value) for field, value in want.items()
+            if config.variant_params.get(field) != value]
+
+
+def call_arguments(fixed: dict, m: int, n: int, dtype, rng) -> tuple:
+    """({bias: array}, {other option: value}) of a call whose problem fixes
+    `fixed` (a sweep's fused epilogue): the bias operand its `bias` option
+    implies, random values in `dtype` (the output's), (N,) per column or
+    (M, 1) per row; every other option as the call's choice."""
+    from .verify import random_matrix
+
+    choices = dict(fixed)
+    side = choices.pop("bias", "none")
+    if side == "none":
+        return {}, choices
+    if side == "col":
+        return {"bias": random_matrix(1, n, dtype, "r", rng).reshape(n)}, choices
+    return {"bias": random_matrix(m, 1, dtype, "r", rng)}, choices
+

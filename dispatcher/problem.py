@@ -202,13 +202,6 @@ def fixed_fields(problem) -> dict:
     return getattr(problem, "config_fields", {})
 
 
-def unmet_fields(problem, config) -> list:
-    """[(field, the config's value, the problem's)] for each value the
-    problem fixes that `config` does not carry: empty if it may run it."""
-    return [(field, config.variant_params.get(field), want) for field, want in fixed_fields(problem).items()
-            if config.variant_params.get(field) != want]
-
-
 # ------------------------------------------------------------------ layouts
 def possible_layouts(x: np.ndarray, what: str) -> list:
     """[(layout char, leading dim)] this 2-D array can be read as, row first."""

@@ -44,9 +44,9 @@ import attrs
 
 from . import dtypes, targets
 from .config import KernelConfig
+from .epilogue import unmet_fields
 from .errors import DispatcherError
 from .files import read_json
-from .problem import unmet_fields
 from .selection import estimated_cost
 
 _SCHEMA = """

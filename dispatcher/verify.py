@@ -8,6 +8,7 @@ only differences left are the kernel's accumulation and output rounding.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -33,15 +34,30 @@ def _blas():
     return ThreadpoolController()
 
 
-def reference(a, b, c=None, alpha=1.0, beta=0.0) -> np.ndarray:
-    """alpha * a @ b + beta * c in float64, on one BLAS thread: a threaded BLAS
-    leaves its threads spinning for a while after a call, and a kernel timed
-    next would share the cores with them (2x slower on 2 cores)."""
+_ERFC = np.vectorize(math.erfc, otypes=[np.float64])
+
+# The fused activations in float64 (`dispatcher.epilogue`): gelu with the
+# exact erf (as erfc, which keeps its tiny values for negative inputs).
+ACTIVATIONS = {
+    "none": lambda x: x,
+    "relu": lambda x: np.maximum(x, 0.0),
+    "gelu": lambda x: 0.5 * x * _ERFC(-x / math.sqrt(2.0)),
+    "silu": lambda x: x / (1.0 + np.exp(np.minimum(-x, 700.0))),  # (exp(710) overflows)
+}
+
+
+def reference(a, b, c=None, alpha=1.0, beta=0.0, bias=None, activation="none") -> np.ndarray:
+    """activation(alpha * a @ b + beta * c + bias) in float64, on one BLAS
+    thread: a threaded BLAS leaves its threads spinning for a while after a
+    call, and a kernel timed next would share the cores with them (2x slower
+    on 2 cores). bias: (N,) per column or (M, 1) per row."""
     with _blas().limit(limits=1, user_api="blas"):
         ref = alpha * (a.astype(np.float64) @ b.astype(np.float64))
     if beta:
         ref = ref + beta * c.astype(np.float64)
-    return ref
+    if bias is not None:
+        ref = ref + np.asarray(bias, np.float64)
+    return ACTIVATIONS[activation](ref)
 
 
 def max_rel(out, ref) -> float:

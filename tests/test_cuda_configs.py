@@ -71,3 +71,22 @@ def test_regular_tree_split_k_runs_any_schedule_and_needs_splits():
             fields.pop("schedule")
         with pytest.raises(dispatcher.ConfigError, match=match):
             Dispatcher().codegen(dispatcher.KernelConfig.create(**fields))
+
+
+def test_the_gpu_sessions_catalog_sweeps_expand_for_the_layouts_they_tune():
+    """Every catalog sweep file `benchmarks/gpu_session.sh tune` can name
+    expands for bf16 rcr, rrr and crr on cuda (no GPU needed: expansion
+    only); the fused one's kernels all carry its epilogue."""
+    import pathlib
+
+    from dispatcher.tile_engine import sweep
+    sweeps = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweeps"
+    files = sorted(sweeps.glob("catalog*.json"))
+    assert any(f.name == "catalog_bias_gelu.json" for f in files)
+    for f in files:
+        for layout in ("rcr", "rrr", "crr"):
+            plan = sweep.expand(str(f), variant="regular", target="cuda", dtype="bf16", layout=layout)
+            assert plan.configs, (f.name, layout, plan.reasons())
+            if f.name == "catalog_bias_gelu.json":
+                assert plan.fixed == (("activation", "gelu"), ("bias", "col"))
+                assert all("_biascol_gelu" in c.name for c in plan.configs)

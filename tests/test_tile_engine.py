@@ -369,6 +369,50 @@ def test_a_fused_epilogue_problem_takes_the_plain_problems_winner_with_its_epilo
     assert db.lookup(fused) == own and not db.winner(fused).adapted and db.has(fused)
 
 
+def test_a_fused_sweep_measures_and_records_the_problem_a_fused_call_looks_up(tmp_path):
+    """`"fixed"` in a sweep: every kernel carries the epilogue, every problem
+    runs with a bias operand and the activation and is verified against a
+    float64 reference with them, and the times are keyed by the epilogue,
+    so that a call with that epilogue finds its own exact winner."""
+    import math
+    from dispatcher.tile_engine import engine
+    db = TuningDatabase(tmp_path / "fused.sqlite", shipped=False)
+    config = {"tile_m": {"values": [12, 24]}, "tile_n": {"values": [32]}, "tile_k": {"values": [32]},
+              "fixed": {"bias": "row", "activation": "silu"}}
+    summary = engine.run(engine.SweepOptions(config=config, variant="regular", layout="rrr", problems=None,
+                                             verify=True, out=str(tmp_path / "out"), tuning=db, progress=False))
+    rows = results.read(tmp_path / "out")
+    assert rows and all(r["status"] == "ok" and r["verified"] == "True" for r in rows)
+    assert all(r["kernel"].endswith("_biasrow_silu") for r in rows) and summary["failed_rows"] == 0
+    rng = np.random.default_rng(3)
+    m, n, k = engine.DEFAULT_PROBLEMS["gemm"][2]
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal((m, 1)).astype(np.float32)
+    d = Dispatcher(tuning=db)
+    out = dispatcher.matmul(a, b, bias=bias, activation="silu", dispatcher=d)
+    (problem, chosen), = d._selected.items()
+    found = db.winner(problem)
+    assert found.exact and found.config == chosen and chosen.name == summary["winners"][2]["kernel"]
+    x = a.astype(np.float64) @ b + bias
+    want = x / (1.0 + np.exp(-x))
+    assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-5
+    # the plain problem of the same shape has no time of its own: the fused rows are not its
+    plain = GemmProblem(m, n, k, "fp32", "fp32", "rrr", "regular", "cpu")
+    assert db.winner(plain) is None and not math.isnan(summary["winners"][2]["latency_ms"])
+
+
+def test_a_sweeps_fixed_values_are_checked():
+    expand = lambda raw: sweep.expand(raw, variant="regular", target="cpu", dtype="fp32", layout="rcr")
+    with pytest.raises(errors.ConfigError, match="'colour', not an option of variant 'regular'"):
+        expand({"catalog": True, "fixed": {"colour": "red"}})
+    with pytest.raises(errors.ConfigError, match="'activation'"):
+        expand({"catalog": True, "fixed": {"activation": "tanh"}})
+    with pytest.raises(errors.ConfigError, match="also in 'fixed'"):
+        expand({"activation": {"values": ["relu"]}, "fixed": {"activation": "gelu"}})
+    plan = expand({"catalog": True, "fixed": {"activation": "gelu"}})
+    assert plan.fixed == (("activation", "gelu"),) and all(c.name.endswith("_gelu") for c in plan.configs)
+
+
 def test_a_problem_with_another_output_dtype_takes_the_default_outputs_winner(tmp_path):
     """fp8 in, bf16 out (torch._scaled_mm's usual output) with no winner of
     its own gets the tiles of the fp8 -> fp16 winner (the dtype's default

@@ -8,9 +8,10 @@ from collections import defaultdict
 
 import attrs
 
-from .. import dtypes
-from ..errors import DispatcherError
+from .. import dtypes, epilogue
+from ..errors import ConfigError, DispatcherError
 from ..plugins import get_manager
+from ..kinds import KindProblem
 from ..problem import GemmProblem, GroupedGemmProblem
 from ..timing import TimingOptions
 from ..tuning import TuningDatabase
@@ -56,6 +57,10 @@ def run(o: SweepOptions) -> dict:
     kind = get_manager().variant(o.variant).problem_kind
     plan = sweep.expand(o.config, variant=o.variant, target=o.target, dtype=o.dtype, layout=o.layout,
                         out_dtype=o.out_dtype, max_kernels=o.max_kernels)
+    beyond = sorted({name for name, _ in plan.fixed} - {x.name for x in epilogue.OPTIONS})
+    if o.verify and beyond:
+        raise ConfigError(f"--verify has a reference for the fused epilogue's bias and activation; this sweep "
+                          f"also fixes {', '.join(beyond)}: run it without --verify")
     probs = problem_files.load(o.problems, kind) if o.problems else DEFAULT_PROBLEMS[kind]
     say(f"sweep: {len(plan.configs)} kernel(s) x {len(probs)} problem(s); "
         f"{len(plan.filtered)} combination(s) filtered")
@@ -77,7 +82,7 @@ def run(o: SweepOptions) -> dict:
     if done:
         say(f"resume: skipped {len(done)} measurement(s) already in {writer.csv_path}")
 
-    winners = record_winners(results.read(o.out), configs, probs, o, kind)
+    winners = record_winners(results.read(o.out), configs, probs, o, kind, plan.fixed)
     failed = [r for r in rows if r["status"] != "ok"]
     summary = {"kernels": len(plan.configs), "filtered": len(plan.filtered), "built": len(configs),
                "build_failed": len(build_failures), "measured": len(rows), "failed_rows": len(failed),
@@ -102,7 +107,7 @@ def measure(executor, plan, probs, done, o: SweepOptions, kind: str, seconds: di
     writer = results.ResultWriter(o.out, kind, o.target)
     todo = {c.name: [i for i in range(len(probs)) if (c.name, i) not in done] for c in configs}
     header = {"target": o.target, "variant": o.variant, "dtype": o.dtype, "layout": o.layout,
-              "out_dtype": o.out_dtype, "problems": probs, "verify": o.verify,
+              "out_dtype": o.out_dtype, "problems": probs, "fixed": dict(plan.fixed), "verify": o.verify,
               "timing": attrs.asdict(o.timing)}
     try:
         started = time.perf_counter()
@@ -114,14 +119,20 @@ def measure(executor, plan, probs, done, o: SweepOptions, kind: str, seconds: di
     return rows, configs, build_failures, writer
 
 
-def problem_record(shape, o: SweepOptions, kind: str):
+def problem_record(shape, o: SweepOptions, kind: str, fixed: tuple = ()):
+    """The problem a sweep's times are recorded under: as a call of the same
+    shape, and of the fixed epilogue (`fixed`), makes it for its lookup."""
     out = dtypes.output_for(o.dtype, o.out_dtype).token
     if kind == "grouped":
         return GroupedGemmProblem(tuple(shape), o.dtype, out, o.layout, o.variant, o.target)
+    if fixed:
+        defaults = {x.name: x.default for x in get_manager().variant(o.variant).options}
+        return KindProblem(*shape, 1, o.dtype, out, o.layout, o.variant, o.target, fixed,
+                           tuple((k, v) for k, v in fixed if defaults[k] != v))
     return GemmProblem(*shape, o.dtype, out, o.layout, o.variant, o.target)
 
 
-def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
+def record_winners(rows, configs, probs, o: SweepOptions, kind: str, fixed: tuple = ()) -> dict:
     """Every ok (and, with --verify, verified) row's time into the tuning
     database (selection compares kernels across neighbouring problems);
     returns the fastest per problem."""
@@ -136,7 +147,7 @@ def record_winners(rows, configs, probs, o: SweepOptions, kind: str) -> dict:
             continue
         idx = int(r["problem_idx"])
         if idx not in problems:
-            problems[idx] = problem_record(probs[idx], o, kind)
+            problems[idx] = problem_record(probs[idx], o, kind, fixed)
         measured.append((problems[idx], by_name[r["kernel"]], float(r["latency_ms"])))
         if best[idx] is None or float(r["latency_ms"]) < float(best[idx]["latency_ms"]):
             best[idx] = r

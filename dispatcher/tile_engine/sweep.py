@@ -12,6 +12,13 @@ the target or variant cannot build is filtered and counted with its reason.
 dtype and layout (what selection ranks): each is swept over the other axes,
 whose values replace its own. `{"catalog": true}` alone tunes the catalog on
 this machine, as a shipped tuning database is built.
+
+`"fixed": {"bias": "col", "activation": "gelu"}` names variant-block values
+that every problem of the sweep fixes (a fused epilogue): every kernel
+carries them, every problem is measured and verified with them (a bias
+operand, the activation), and the tuning database keys the times by them,
+as a call with that epilogue looks them up. Without it a fused call takes
+the plain problem's winner with its epilogue added.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ _SPEC_KEYS = {"values", "min", "max", "step"}
 class SweepPlan:
     configs: tuple          # buildable KernelConfigs, deduplicated by name
     filtered: tuple         # ((axis values dict, reason), ...)
+    fixed: tuple = ()       # ((option, value), ...) every problem fixes, sorted
 
     def reasons(self) -> Counter:
         return Counter(reason for _, reason in self.filtered)
@@ -95,12 +103,16 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
     catalog = axes.pop("catalog", False)
     if not isinstance(catalog, bool):
         raise ConfigError(f"sweep key 'catalog' must be true or false, got {catalog!r}")
+    fixed = fixed_values(axes.pop("fixed", {}), record)
     schema = {o.name: o for o in (*targets.get(target).options, *record.options)}
     schema.update({name: Option(name, None, low=1, high=1 << 16) for name in TILE_AXES})
     unknown = sorted(set(axes) - set(schema))
     if unknown:
         raise ConfigError(f"unknown sweep axis/axes {', '.join(map(repr, unknown))} for variant "
                           f"{variant!r} on target {target!r}; known: {', '.join(sorted(schema))}")
+    twice = sorted(set(axes) & set(fixed))
+    if twice:
+        raise ConfigError(f"sweep axis/axes {', '.join(map(repr, twice))} also in 'fixed': the problems fix them")
     values = {}
     for axis, spec in axes.items():
         values[axis] = [schema[axis].check(v, f"sweep axis {axis!r}") for v in axis_values(axis, spec)]
@@ -116,7 +128,7 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
             raise ConfigError(f"variant {variant!r} has no catalog on target {target!r} for {dtype} {layout}")
         points = [{**start, **p} for start in starts for p in points]
         names = sorted({n for p in points for n in p})
-    made = targets.get(target).fit_sweep([KernelConfig.create(**base, **p) for p in points], names)
+    made = targets.get(target).fit_sweep([KernelConfig.create(**base, **{**p, **fixed}) for p in points], names)
     for point, config in zip(points, made):
         reasons = config.problems()
         if reasons:
@@ -126,4 +138,17 @@ def expand(raw, *, variant: str, target: str, dtype: str, layout: str, out_dtype
     chosen = list(configs.values())
     if max_kernels:
         chosen = chosen[:max_kernels]
-    return SweepPlan(tuple(chosen), tuple(filtered))
+    return SweepPlan(tuple(chosen), tuple(filtered), tuple(sorted(fixed.items())))
+
+
+def fixed_values(raw, record) -> dict:
+    """The sweep's `fixed` object, each value checked against the variant's
+    option of that name."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep key 'fixed' must be an object of variant options, got {raw!r}")
+    schema = {o.name: o for o in record.options}
+    unknown = sorted(set(raw) - set(schema))
+    if unknown:
+        raise ConfigError(f"sweep 'fixed' names {', '.join(map(repr, unknown))}, not an option of variant "
+                          f"{record.name!r}; its options: {', '.join(sorted(schema)) or 'none'}")
+    return {name: schema[name].check(value, f"sweep 'fixed' {name!r}") for name, value in raw.items()}

@@ -56,7 +56,9 @@ class Bench:
         key = (idx, copy)
         if key in self.prepared:
             return self.prepared[key]
-        from ..kinds import prepare_gemm
+        from .. import dtypes, epilogue
+        from ..kinds import prepare, role_names
+        from ..plugins import get_manager
         from ..problem import prepare_grouped
         from ..verify import random_matrix
         rng = np.random.default_rng(1000 + idx)
@@ -64,16 +66,23 @@ class Bench:
         shapes = h["problems"][idx] if self.kind == "grouped" else [h["problems"][idx]]
         As = [random_matrix(m, k, h["dtype"], lay[0], rng) for m, n, k in shapes]
         Bs = [random_matrix(k, n, h["dtype"], lay[1], rng) for m, n, k in shapes]
-        session = self.target.session(*As, *Bs)
-        dev_a, dev_b = session.arrays[:len(As)], session.arrays[len(As):]
-        kw = dict(out_dtype=h.get("out_dtype"), variant=h["variant"], target=h["target"],
-                  memory=session.memory, allocate=session.empty)
+        out_token = dtypes.output_for(h["dtype"], h.get("out_dtype")).token
+        # the fused epilogue every problem of the sweep fixes: its bias operand, its activation
+        extras, choices = epilogue.call_arguments(h.get("fixed", {}), shapes[0][0], shapes[0][1], out_token, rng)
+        session = self.target.session(*As, *Bs, *extras.values())
+        dev_a, dev_b = session.arrays[:len(As)], session.arrays[len(As):2 * len(As)]
+        dev_extras = dict(zip(extras, session.arrays[2 * len(As):]))
+        kw = dict(out_dtype=h.get("out_dtype"), target=h["target"], memory=session.memory,
+                  allocate=session.empty)
         if self.kind == "grouped":
-            problem, ops, outs = prepare_grouped(dev_a, dev_b, **kw)
+            problem, ops, outs = prepare_grouped(dev_a, dev_b, variant=h["variant"], **kw)
         else:
-            problem, ops, out = prepare_gemm(dev_a[0], dev_b[0], **kw)
-            outs = [out]
-        self.prepared[key] = (problem, ops, outs, (As, Bs), session)
+            record = get_manager().variant(h["variant"])
+            roles = role_names(record)
+            arrays = {roles["a"]: dev_a[0], roles["b"]: dev_b[0], **dev_extras}
+            problem, blocks, out = prepare(record, arrays, {}, choices, **kw)
+            ops, outs = blocks[0], [out]
+        self.prepared[key] = (problem, ops, outs, (As, Bs, extras, choices), session)
         return self.prepared[key]
 
     def references(self, idx):
@@ -81,8 +90,9 @@ class Bench:
         from ..verify import reference
         key = ("ref", idx)
         if key not in self.prepared:
-            _, _, _, (As, Bs), _ = self.operands(idx)
-            self.prepared[key] = [reference(a, b) for a, b in zip(As, Bs)]
+            _, _, _, (As, Bs, extras, choices), _ = self.operands(idx)
+            epi = dict(bias=extras.get("bias"), activation=choices.get("activation", "none"))
+            self.prepared[key] = [reference(a, b, **epi) for a, b in zip(As, Bs)]
         return self.prepared[key]
 
     def measure(self, config, library, idx):
