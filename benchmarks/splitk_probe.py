@@ -204,8 +204,8 @@ def fused(timing):
                 times[c.name] = f"failed: {str(e)[:200]}"
         ranked = sorted((v, k) for k, v in times.items() if isinstance(v, float) and "gelu" in k)
         print(f"fused {m}x{n}x{k}: torch addmm+gelu {t_torch:.1f} us (matmul {t_plain_torch:.1f}); "
-              + ", ".join(f"{name.split('rcr_')[1]} {t:.1f}" for t, name in ranked[:4]), flush=True)
-        print("   plain:", {k.split('rcr_')[1]: v for k, v in times.items() if "gelu" not in k})
+              + ", ".join(f"{name.split(layout + '_')[1]} {t:.1f}" for t, name in ranked[:4]), flush=True)
+        print("   plain:", {k.split(layout + '_')[1]: v for k, v in times.items() if "gelu" not in k})
         rows.append(dict(M=m, N=n, K=k, layout=layout, torch_addmm_gelu_us=t_torch, torch_matmul_us=t_plain_torch, kernels_us=times))
     return rows
 

@@ -18,11 +18,16 @@ VARIANT = "batched"
 
 # Each batch is usually small, so the CPU tiles are too; one parallel loop
 # runs over the tiles of every batch. On the GPU the large cooperative tile
-# for throughput and a smaller one for batches of small matrices.
+# for throughput, a smaller one for batches of small matrices, and 128x128
+# ping-pong tiles, which ran torch.bmm's shapes faster (H100, kernel alone,
+# against torch.bmm: 4x2048x3072x1024 1.03x and 8x4096x4096x512 1.01x on
+# them against 0.95x and 0.94x on 128x256 c2x1;
+# benchmarks/results/tile_probe_h100_aaf0389.json).
 DEFAULT_CONFIGS = configs_per_target(
     cpu=(dict(tile_m=96, tile_n=128, tile_k=256), dict(tile_m=48, tile_n=64, tile_k=256)),
     cuda=(dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, schedule="cooperative"),
-          dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="cooperative")),
+          dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, schedule="cooperative"),
+          dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, schedule="pingpong")),
 )
 
 

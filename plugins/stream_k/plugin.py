@@ -64,6 +64,13 @@ CUDA_CATALOG = (
     # few tiles of a long K (256 x 1024 x 32768: eight 256x128 tiles): every SM busy on
     # K slices while the 1x2 cluster multicasts A, the smaller operand's tile read once
     _coop(256, 128, 1, 2), _coop(256, 128, 1, 2, decomposition="split_k", splits=16),
+    # the tree (its own reduction kernel, any schedule) on the same problems: 256 x 1024 x 32768
+    # ran 0.96x cuBLAS on 64x128 ping-pong in 4 slices and 512 x 512 x 65536 0.89x on 128x128
+    # in 8, against 0.73x and 0.75x for the linear fix-up's best (H100, kernel alone,
+    # benchmarks/results/tile_probe_h100_aaf0389.json)
+    dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong", reduction="tree",
+         decomposition="split_k", splits=4),
+    dict(_coop(128, 128, 1, 2), reduction="tree", decomposition="split_k", splits=8),
 )
 
 
