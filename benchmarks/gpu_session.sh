@@ -72,7 +72,8 @@ for step in "$@"; do
     # another sweep file (catalog_raster.json: each catalog kernel in both raster orders too;
     # catalog_splitk.json: its cooperative kernels with K split in 2, 4 and 8 too, BUILD_SET=splitk;
     # catalog_hybrid.json: those and its cooperative kernels in the hybrid decomposition, BUILD_SET=hybrid;
-    # catalog_bias_gelu.json: the catalog with a fused column bias and GELU, timed on that fused problem;
+    # catalog_bias_gelu.json: the catalog with a fused column bias and GELU, timed on that fused problem
+    # (regular specs only: TUNE_SPECS="regular:bf16:rcr:cuda_tuning_grid ..."; stream_k has no epilogue);
     # grid cuda_tuning_grid_mid: mid-size shapes between the main grid's powers of two); TUNE_KEEP=1
     # adds to the database of an earlier tune step on the same machine (sweeps split over calls)
     tune) [ -n "${TUNE_KEEP:-}" ] || rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
@@ -80,7 +81,7 @@ for step in "$@"; do
             IFS=: read variant dtype layout grid <<< "$spec"
             timeout ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --dtype $dtype \
               --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
-              --out $R/.gpucache/sweeps/$variant-$dtype-$layout-$grid --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
+              --out $R/.gpucache/sweeps/$variant-$dtype-$layout-$grid${TUNE_SWEEP:+-${TUNE_SWEEP%.json}} --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
             --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \

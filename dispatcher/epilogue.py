@@ -70,20 +70,3 @@ def unmet_fields(problem, config) -> list:
     want.update(fixed_fields(problem))
     return [(field, config.variant_params.get(field), value) for field, value in want.items()
             if config.variant_params.get(field) != value]
-
-
-def call_arguments(fixed: dict, m: int, n: int, dtype, rng) -> tuple:
-    """({bias: array}, {other option: value}) of a call whose problem fixes
-    `fixed` (a sweep's fused epilogue): the bias operand its `bias` option
-    implies, random values in `dtype` (the output's), (N,) per column or
-    (M, 1) per row; every other option as the call's choice."""
-    from .verify import random_matrix
-
-    choices = dict(fixed)
-    side = choices.pop("bias", "none")
-    if side == "none":
-        return {}, choices
-    if side == "col":
-        return {"bias": random_matrix(1, n, dtype, "r", rng).reshape(n)}, choices
-    return {"bias": random_matrix(m, 1, dtype, "r", rng)}, choices
-

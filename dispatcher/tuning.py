@@ -171,7 +171,8 @@ class Winner:
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
-        where = ("this problem" if self.neighbours == 0 else f"the nearest tuned problem, {self.problem}"
+        where = ("this problem" if self.exact else "this shape" if self.neighbours == 0
+                 else f"the nearest tuned problem, {self.problem}"
                  if self.neighbours == 1 else f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
         return f"{self.config.name} ({'shipped' if self.shipped else 'own'} times of {where}{adapted})"
 

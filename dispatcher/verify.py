@@ -38,7 +38,7 @@ _ERFC = np.vectorize(math.erfc, otypes=[np.float64])
 
 # The fused activations in float64 (`dispatcher.epilogue`): gelu with the
 # exact erf (as erfc, which keeps its tiny values for negative inputs).
-ACTIVATIONS = {
+ACTIVATION_REFERENCE = {
     "none": lambda x: x,
     "relu": lambda x: np.maximum(x, 0.0),
     "gelu": lambda x: 0.5 * x * _ERFC(-x / math.sqrt(2.0)),
@@ -57,7 +57,21 @@ def reference(a, b, c=None, alpha=1.0, beta=0.0, bias=None, activation="none") -
         ref = ref + beta * c.astype(np.float64)
     if bias is not None:
         ref = ref + np.asarray(bias, np.float64)
-    return ACTIVATIONS[activation](ref)
+    return ACTIVATION_REFERENCE[activation](ref)
+
+
+def epilogue_operands(fixed: dict, m: int, n: int, dtype, rng) -> tuple:
+    """({bias: array}, {other option: value}) of a call whose problem fixes
+    `fixed` (a sweep's fused epilogue): the bias operand its `bias` option
+    implies, random values in `dtype` (the output's), (N,) per column or
+    (M, 1) per row; every other option as the call's choice."""
+    choices = dict(fixed)
+    side = choices.pop("bias", "none")
+    if side == "none":
+        return {}, choices
+    if side == "col":
+        return {"bias": random_matrix(1, n, dtype, "r", rng).reshape(n)}, choices
+    return {"bias": random_matrix(m, 1, dtype, "r", rng)}, choices
 
 
 def max_rel(out, ref) -> float:

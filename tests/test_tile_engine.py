@@ -413,6 +413,23 @@ def test_a_sweeps_fixed_values_are_checked():
     assert plan.fixed == (("activation", "gelu"),) and all(c.name.endswith("_gelu") for c in plan.configs)
 
 
+def test_verify_refuses_a_fixed_option_it_has_no_reference_for(tmp_path):
+    from dispatcher.tile_engine import engine
+    o = engine.SweepOptions(config={"tile_m": {"values": [12]}, "fixed": {"splits": 2}}, variant="regular",
+                            verify=True, out=str(tmp_path / "out"), tuning=None, progress=False)
+    with pytest.raises(errors.ConfigError, match="fixes splits=2: run it without --verify"):
+        engine.run(o)
+    assert not (tmp_path / "out").exists()  # refused before anything was built or written
+
+
+def test_a_kernel_that_fuses_an_epilogue_never_runs_a_plain_problem():
+    """A config with an activation (and no bias) given to a plain call is
+    refused: it would apply the activation the call did not ask for."""
+    a = np.ones((8, 16), np.float32)
+    with pytest.raises(errors.ConfigError, match="activation 'gelu' but the problem needs 'none'"):
+        dispatcher.gemm(a, a.T.copy(), config=dict(tile_m=12, tile_n=32, tile_k=32, activation="gelu"))
+
+
 def test_a_problem_with_another_output_dtype_takes_the_default_outputs_winner(tmp_path):
     """fp8 in, bf16 out (torch._scaled_mm's usual output) with no winner of
     its own gets the tiles of the fp8 -> fp16 winner (the dtype's default

@@ -10,11 +10,12 @@ import attrs
 
 from .. import dtypes, epilogue
 from ..errors import ConfigError, DispatcherError
-from ..plugins import get_manager
 from ..kinds import KindProblem
+from ..plugins import get_manager
 from ..problem import GemmProblem, GroupedGemmProblem
 from ..timing import TimingOptions
 from ..tuning import TuningDatabase
+from ..verify import ACTIVATION_REFERENCE
 from . import executors, problems as problem_files, results, runner, sweep
 
 DEFAULT_PROBLEMS = {
@@ -57,10 +58,12 @@ def run(o: SweepOptions) -> dict:
     kind = get_manager().variant(o.variant).problem_kind
     plan = sweep.expand(o.config, variant=o.variant, target=o.target, dtype=o.dtype, layout=o.layout,
                         out_dtype=o.out_dtype, max_kernels=o.max_kernels)
-    beyond = sorted({name for name, _ in plan.fixed} - {x.name for x in epilogue.OPTIONS})
-    if o.verify and beyond:
-        raise ConfigError(f"--verify has a reference for the fused epilogue's bias and activation; this sweep "
-                          f"also fixes {', '.join(beyond)}: run it without --verify")
+    fixed = dict(plan.fixed)
+    beyond = sorted(set(fixed) - {x.name for x in epilogue.OPTIONS})
+    if o.verify and (beyond or fixed.get("activation", "none") not in ACTIVATION_REFERENCE):
+        raise ConfigError(f"--verify has a reference for the fused epilogue's bias and activation "
+                          f"({', '.join(ACTIVATION_REFERENCE)}); this sweep fixes "
+                          f"{', '.join(f'{k}={v}' for k, v in plan.fixed)}: run it without --verify")
     probs = problem_files.load(o.problems, kind) if o.problems else DEFAULT_PROBLEMS[kind]
     say(f"sweep: {len(plan.configs)} kernel(s) x {len(probs)} problem(s); "
         f"{len(plan.filtered)} combination(s) filtered")
@@ -127,8 +130,10 @@ def problem_record(shape, o: SweepOptions, kind: str, fixed: tuple = ()):
         return GroupedGemmProblem(tuple(shape), o.dtype, out, o.layout, o.variant, o.target)
     if fixed:
         defaults = {x.name: x.default for x in get_manager().variant(o.variant).options}
-        return KindProblem(*shape, 1, o.dtype, out, o.layout, o.variant, o.target, fixed,
-                           tuple((k, v) for k, v in fixed if defaults[k] != v))
+        m, n, k = shape
+        return KindProblem(m=m, n=n, k=k, batch=1, dtype=o.dtype, out_dtype=out, layout=o.layout,
+                           variant=o.variant, target=o.target, options=fixed,
+                           fixed=tuple((name, v) for name, v in fixed if defaults[name] != v))
     return GemmProblem(*shape, o.dtype, out, o.layout, o.variant, o.target)
 
 

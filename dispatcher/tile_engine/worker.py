@@ -56,11 +56,11 @@ class Bench:
         key = (idx, copy)
         if key in self.prepared:
             return self.prepared[key]
-        from .. import dtypes, epilogue
+        from .. import dtypes
         from ..kinds import prepare, role_names
         from ..plugins import get_manager
         from ..problem import prepare_grouped
-        from ..verify import random_matrix
+        from ..verify import epilogue_operands, random_matrix
         rng = np.random.default_rng(1000 + idx)
         h, lay = self.h, self.h["layout"]
         shapes = h["problems"][idx] if self.kind == "grouped" else [h["problems"][idx]]
@@ -68,7 +68,7 @@ class Bench:
         Bs = [random_matrix(k, n, h["dtype"], lay[1], rng) for m, n, k in shapes]
         out_token = dtypes.output_for(h["dtype"], h.get("out_dtype")).token
         # the fused epilogue every problem of the sweep fixes: its bias operand, its activation
-        extras, choices = epilogue.call_arguments(h.get("fixed", {}), shapes[0][0], shapes[0][1], out_token, rng)
+        extras, choices = epilogue_operands(h.get("fixed", {}), shapes[0][0], shapes[0][1], out_token, rng)
         session = self.target.session(*As, *Bs, *extras.values())
         dev_a, dev_b = session.arrays[:len(As)], session.arrays[len(As):2 * len(As)]
         dev_extras = dict(zip(extras, session.arrays[2 * len(As):]))

@@ -51,10 +51,6 @@ CPU_DEFAULTS = (
 # fix-up adds the slices in turn). NVIDIA's model once ranked CUTLASS's
 # split-K first where it ran 1.1-2.3x slower; the tuning database's times
 # decide near its grid (M 16..8192, N and K 512..8192, each within 2x).
-# The swizzled 128x128 is fp8's (its only tile whose two accumulators fit,
-# `cuda.fp8_fits`): against torch._scaled_mm, 8192^3 0.81x with swizzle 2
-# against 0.75-0.78x unswizzled, 6144^3 0.82x against 0.78x (H100,
-# tile_probe_h100_aaf0389.json).
 # The large tiles come in the hybrid decomposition too: on mid-size squares
 # their last wave leaves most SMs idle (5120^3: 6.06 waves), where the
 # stream-K variant's 128x256 hybrid ran 0.96x cuBLAS against the
@@ -75,7 +71,7 @@ CUDA_CATALOG = (
     _coop(256, 128, 1, 2, swizzle=4), _pingpong(64, 128, 1, 4), _pingpong(64, 128, 2, 1),
     _pingpong(64, 256, 1, 2), _pingpong(64, 128, 2, 4),
     _coop(128, 256, 2, 1, decomposition="hybrid"), _coop(256, 128, 1, 2, decomposition="hybrid"),
-    _pingpong(64, 64, 1, 1), _pingpong(64, 64, 1, 2), _coop(128, 64, 1, 1), _coop(128, 128, 2, 1, swizzle=2),
+    _pingpong(64, 64, 1, 1), _pingpong(64, 64, 1, 2), _coop(128, 64, 1, 1),
     _pingpong(64, 64, 1, 1, splits=4, reduction="tree"), _pingpong(64, 128, 1, 1, splits=4, reduction="tree"),
     # M or N up to 4 (rcr): a block's warps stream a few rows of the big operand, splitting K
     dict(tile_m=4, tile_n=4, cluster_m=1, cluster_n=1, schedule="gemv"),
@@ -136,9 +132,17 @@ def template_values(config, target):
             "tree": int(opts["reduction"] == "tree")}
 
 
+# fp8's own: its 128x128 tile (the largest whose two accumulators fit,
+# `cuda.fp8_fits`) swizzled, which ran 8192^3 at 0.81x torch._scaled_mm
+# against 0.75-0.78x unswizzled and 6144^3 at 0.82x against 0.78x (H100,
+# benchmarks/results/tile_probe_h100_aaf0389.json); unmeasured for 16-bit types.
+FP8_CATALOG = (_coop(128, 128, 2, 1, swizzle=2),)
+
+
 def default_configs(target, dtype, layout):
     if target == "cuda":
-        return targets.get(target).catalog(CUDA_CATALOG, dtype)
+        fp8 = dtypes.get(dtype).is_float8
+        return targets.get(target).catalog(CUDA_CATALOG + (FP8_CATALOG if fp8 else ()), dtype)
     return list(CPU_DEFAULTS) if target == "cpu" else []
 
 
