@@ -489,10 +489,9 @@ def _layout(same: _Same, specs: tuple, choices: tuple, out_dtype, target: str, n
     given = [(name, t) for name, t in given.items() if t is not None]
     ordered = [A, B, C, *(t for _, t in given)]
     outer_dims, count, strides = _collapse(batch_shape, ordered)
-    defaults = {o.name: o.default for o in record.options}
     options = tuple(sorted(options.items()))
     problem = KindProblem(m, n, k, count, src.token, dst.token, la + lb + "r", record.name, target,
-                          options, tuple((k_, v) for k_, v in options if defaults.get(k_) != v))
+                          options, non_default(record, options))
     return Layout(problem, result_shape, dst.numpy, tuple(names + [name for name, _ in given]),
                   tuple(ordered), outer_dims, tuple(strides), (lda, ldb, ldc), transposed, staged,
                   nc if c is not None else None)
@@ -522,6 +521,14 @@ def _row_major(shape: tuple, itemsize: int) -> tuple:
         strides.append(step)
         step *= max(n, 1)
     return tuple(strides[::-1])
+
+
+def non_default(record, options: tuple) -> tuple:
+    """The (option, value) pairs of `options` that differ from the variant's
+    defaults: a problem's `fixed`, part of its tuning key (a call's and a
+    fused sweep's record of the same problem must agree on it)."""
+    defaults = {o.name: o.default for o in record.options}
+    return tuple((name, v) for name, v in options if defaults.get(name) != v)
 
 
 def _options(record, choices: tuple, extras: dict) -> dict:

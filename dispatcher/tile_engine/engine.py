@@ -10,7 +10,7 @@ import attrs
 
 from .. import dtypes, epilogue
 from ..errors import ConfigError, DispatcherError
-from ..kinds import KindProblem
+from ..kinds import KindProblem, non_default
 from ..plugins import get_manager
 from ..problem import GemmProblem, GroupedGemmProblem
 from ..timing import TimingOptions
@@ -129,11 +129,10 @@ def problem_record(shape, o: SweepOptions, kind: str, fixed: tuple = ()):
     if kind == "grouped":
         return GroupedGemmProblem(tuple(shape), o.dtype, out, o.layout, o.variant, o.target)
     if fixed:
-        defaults = {x.name: x.default for x in get_manager().variant(o.variant).options}
         m, n, k = shape
         return KindProblem(m=m, n=n, k=k, batch=1, dtype=o.dtype, out_dtype=out, layout=o.layout,
                            variant=o.variant, target=o.target, options=fixed,
-                           fixed=tuple((name, v) for name, v in fixed if defaults[name] != v))
+                           fixed=non_default(get_manager().variant(o.variant), fixed))
     return GemmProblem(*shape, o.dtype, out, o.layout, o.variant, o.target)
 
 
