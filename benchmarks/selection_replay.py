@@ -56,8 +56,9 @@ def replay(rows) -> list:
         if row.get("default_kernel_us"):
             times[row["default_kernel"]] = row["default_kernel_us"]
         regret = times[chosen] / min(row["catalog_us"].values()) if chosen in times else None
-        how = ("exact" if found["tuned"].exact else f"{found['tuned'].neighbours} neighbours") \
-            if found["tuned"] else "model"
+        tuned = found["tuned"]
+        how = ("model" if not tuned else "exact" if tuned.exact else f"fitted ({tuned.fitted})" if tuned.fitted
+               else f"{tuned.neighbours} neighbours")
         out.append((part, (row["M"], row["N"], row["K"]), chosen, how, regret))
     return out
 

@@ -7,7 +7,10 @@ autotune the one it keeps. Writers from several processes are safe: WAL
 journal, a busy timeout, and an upsert that keeps the faster time.
 
 `winner` answers an exactly tuned problem with its fastest kernel. Any
-other problem is decided by the tuned problems near it (within a factor 2
+other problem, where the database measured kernels at enough problems
+(a sweep's grid), gets the kernel of least fitted time (`fitted_times`:
+each kernel's times as a curve over the problem's tiles, waves and K).
+Otherwise it is decided by the tuned problems near it (within a factor 2
 of each size): of the `NEIGHBOURS` nearest, the kernel measured at all of
 them whose times there, carried over to this problem by the occupancy
 model (`selection.estimated_cost`: waves of tiles over the GPU's SMs
@@ -47,7 +50,8 @@ from .config import KernelConfig
 from .epilogue import unmet_fields
 from .errors import DispatcherError
 from .files import read_json
-from .selection import estimated_cost
+from .fitted_times import fitted_kernels
+from .selection import estimate, estimated_cost
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS timings (
@@ -123,6 +127,7 @@ def shipped_rows(arch: str, directory: Path = SHIPPED_DIR) -> dict:
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=16384)
 def _config(text: str):
     """The KernelConfig of a stored row, or None for a stale one (its plugin or schema changed)."""
     try:
@@ -168,9 +173,13 @@ class Winner:
     exact: bool
     adapted: str = ""  # what the config changes from the tuned winner (an epilogue, an output, a neighbour's swizzle)
     neighbours: int = 0  # how many nearby tuned problems decided it (0: exact)
+    fitted: int = 0  # the tuned problems its fitted time model was fitted to (0: not decided so)
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
+        if self.fitted:
+            return (f"{self.config.name} (least time fitted to the {'shipped' if self.shipped else 'own'} times "
+                    f"of {self.fitted} tuned problems{adapted})")
         where = ("this problem" if self.exact else "this shape" if self.neighbours == 0
                  else f"the nearest tuned problem, {self.problem}"
                  if self.neighbours == 1 else f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
@@ -315,16 +324,22 @@ class TuningDatabase:
         False where the nearest rows have no kernel in common."""
         key, sizes = problem_key(problem)
         measured = {}  # (shipped, tuned problem) -> (its sizes, {kernel name: (config, ms)}), usable ones only
+        usable = ([], [])  # own, shipped: every usable row as (its sizes, config text, ms), for the fitted times
+        runs = {}  # config text -> its config where it runs `problem`, else None (asked once per kernel)
         near = {}  # tuned problem -> whether it is near enough (asked once: it has a row per kernel)
         for shipped, rows in ((0, self._own(problem)), (1, self._shipped(problem))):
             for tuned, a, b, c, text, ms in rows:
+                if text not in runs:
+                    config = _config(text)
+                    # (a tuned plain kernel must not serve a fused-epilogue call)
+                    runs[text] = config if config is not None and self._runs(problem, config) else None
+                config = runs[text]
+                if config is None:
+                    continue
+                usable[shipped].append(((a, b, c), text, ms))
                 if tuned not in near:
                     near[tuned] = tuned == key or _near((a, b, c), sizes)
                 if not near[tuned]:
-                    continue
-                config = _config(text)
-                # (a tuned plain kernel must not serve a fused-epilogue call)
-                if config is None or not self._runs(problem, config):
                     continue
                 times = measured.setdefault((shipped, tuned), ((a, b, c), {}))[1]
                 if config.name not in times or ms < times[config.name][1]:
@@ -334,6 +349,13 @@ class TuningDatabase:
             shipped = min(exact)  # the user's own first
             config, _ = min(measured[shipped, key][1].values(), key=lambda t: (t[1], t[0].name))
             return Winner(config, key, bool(shipped), True)
+        for shipped, rows in enumerate(usable):  # the user's own times first
+            # kernels kept at a near tuned problem (an export drops the much slower: `EXPORT_WITHIN`),
+            # or every fitted one where none is near
+            kept = {name for (s, _), (_, times) in measured.items() if s == shipped for name in times}
+            found = self._fitted_winner(problem, record, rows, bool(shipped), kept)
+            if found is not None:
+                return found
         # the nearest of the nearest one's kind (own before shipped where as near), nearest first
         by_distance = sorted((_distance(s, sizes), shipped, tuned) for (shipped, tuned), (s, _) in measured.items())
         if not by_distance:
@@ -371,6 +393,28 @@ class TuningDatabase:
         config, _, measured_as = carried[0][1][name]
         note = f"its target's change for a neighbour's kernel ({measured_as})" if measured_as != name else ""
         return Winner(config, pool[0][1], bool(shipped), False, adapted=note, neighbours=count)
+
+    @staticmethod
+    def _fitted_winner(problem, record, rows, shipped: bool, kept: set) -> "Winner | None":
+        """The kernel of least fitted time on `problem` (`fitted_times`) of
+        those fitted to `rows` ((sizes, config text, ms), ...) that take it
+        and are in `kept` (all, where it is empty), or None where none is fitted."""
+        template = problem.at_tuning_sizes((1, 1, 1))
+        sizes = problem_key(problem)[1]
+        if template is None or not rows:
+            return None
+        fitted = fitted_kernels(template, record, tuple(rows), _config)
+        target = targets.get(problem.target)
+        own = {s for s in getattr(record, "target_schedules", ()) if target.takes_schedule(s, problem)}
+        if own and not any(target.template_schedule(f.config) in own for f in fitted.values()):
+            return None  # a kernel of the target's own (gemv) takes it and no fit knows one: the model ranks
+        times = {name: f.predicted_ms(problem, record) for name, f in fitted.items()
+                 if (not kept or name in kept) and f.answers(sizes)
+                 and math.isfinite(estimate(problem, f.config, record).value)}  # (a gemv kernel: M or N <= 4)
+        if not times:
+            return None
+        chosen = fitted[min(sorted(times), key=times.get)]
+        return Winner(chosen.config, problem_key(problem)[0], shipped, False, fitted=chosen.problems)
 
     def _carried_times(self, problem, times: dict) -> dict:
         """{kernel name: (config, ms, the kernel measured)} of one

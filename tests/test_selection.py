@@ -36,16 +36,17 @@ needs_model = pytest.mark.skipif(not cuda_model.available(), reason="nvidia-matm
 
 @needs_model
 def test_explain_ranks_the_cuda_catalog_without_a_gpu():
-    # 64 rows: no shipped winner is near enough to decide it, so the model's ranking chooses
-    found = explain("--target", "cuda", "--dtype", "bf16", "--m", "64", "--n", "1024", "--k", "32768",
+    # fp16 stream_k: no shipped times decide it (they are bf16's), so the model's ranking chooses
+    found = explain("--target", "cuda", "--dtype", "fp16", "--m", "64", "--n", "1024", "--k", "32768",
                     "--variant", "stream_k")
+    assert found["tuned"] is None
     ranked = found["ranked"]
     assert len(ranked) >= 4 and found["chosen"] == ranked[0]["kernel"]
-    assert all(r["model"].startswith("nvidia-matmul-heuristics") for r in ranked)
-    assert [r["estimate"] for r in ranked] == sorted(r["estimate"] for r in ranked)
+    modelled = [r["estimate"] for r in ranked if r["model"].startswith("nvidia-matmul-heuristics")]
+    assert len(modelled) >= 4 and [r["estimate"] for r in ranked[:len(modelled)]] == sorted(modelled)
     # few output tiles, very long K: the model wants the K dimension split
     assert "split_k" in ranked[0]["kernel"]
-    assert explain("--target", "cuda", "--dtype", "bf16", "--m", "64", "--n", "1024", "--k", "32768",
+    assert explain("--target", "cuda", "--dtype", "fp16", "--m", "64", "--n", "1024", "--k", "32768",
                    "--variant", "stream_k") == found  # deterministic
 
 

@@ -260,6 +260,10 @@ class CpuTarget:
         return (max(1, min(config.tile_m, -(-m // o["micro_m"]) * o["micro_m"])),
                 max(1, min(config.tile_n, -(-n // o["micro_n"]) * o["micro_n"])))
 
+    def launched_tiles(self, problem, config) -> int:
+        """Block tiles a kernel runs: its problem's (a thread takes them one by one)."""
+        return problem.tile_count(config.tile_m, config.tile_n)
+
     def a_panel_reuse(self, problem, config) -> int:
         """Tiles that share one packed A block where a variant's kernel packs
         A once (`dcpu::SharedPackedA`): a tile row's column tiles, when
@@ -283,6 +287,10 @@ class CpuTarget:
     def template_schedule(self, config) -> str | None:
         """None: every cpu schedule is the tile library's."""
         return None
+
+    def takes_schedule(self, schedule: str, problem) -> bool:
+        """False: the cpu target has no schedule of its own (`template_schedule`)."""
+        return False
 
     def model_name_of(self, config) -> str:
         """What estimates `config`: nothing of the target's own (`model_estimate`)."""

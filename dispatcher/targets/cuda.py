@@ -285,6 +285,15 @@ class CudaTarget:
         """A CTA computes its whole tile, however little of it the problem covers."""
         return config.tile_m, config.tile_n
 
+    def launched_tiles(self, problem, config) -> int:
+        """Output tiles the kernel launches: each GEMM's tile grid rounded up
+        to whole clusters (a 2x4 cluster on a problem one tile wide still
+        runs four CTAs across, three of them idle)."""
+        o = config.target_params
+        return sum(-(-(-(-m // config.tile_m)) // o["cluster_m"]) * o["cluster_m"]
+                   * -(-(-(-n // config.tile_n)) // o["cluster_n"]) * o["cluster_n"]
+                   for m, n, _ in problem.shapes)
+
     def a_panel_reuse(self, problem, config) -> int:
         """1: every CTA loads the A block of its own tile."""
         return 1
@@ -312,6 +321,12 @@ class CudaTarget:
         implement ("gemv": its kernel is not a CUTLASS instance), or None;
         the core refuses it to variants whose record does not list it."""
         return "gemv" if config.target_params["schedule"] == "gemv" else None
+
+    def takes_schedule(self, schedule: str, problem) -> bool:
+        """Whether a kernel of this target's own `schedule` runs `problem`
+        (gemv: M or N up to 4, rcr, 16-bit inputs)."""
+        return (schedule == "gemv" and problem.layout == "rcr" and problem.dtype in ("bf16", "fp16")
+                and all(min(m, n) <= GEMV_MAX_SMALL for m, n, _ in problem.shapes))
 
     def model_name_of(self, config) -> str:
         """What estimates `config` (`model_estimate`): NVIDIA's model, or for

@@ -1,0 +1,149 @@
+"""Each kernel's run time as a function of the problem, fitted to the times a
+tuning database measured; selection's answer for problems it did not measure.
+
+Why a fit: the database measures every catalog kernel on a grid of
+problems (the tile engine's sweeps), so each kernel's own times span the
+grid. Read as a curve, they answer a problem between grid points better
+than the nearest grid points' winners or NVIDIA's analytic model. Replayed
+on 60 held-out bf16 rcr shapes (50 random ones and the corpus, H100,
+benchmarks/results/cuda_gemm_random_h100_7baa014.json; the fit saw only the
+54-problem grid): default kernel over the catalog's best, geomean 1.030 and
+worst 1.26, against 1.066 and 1.53 for the nearest tuned problems with NVIDIA's
+model beyond them. That model put split-K first on few-tile problems
+(86x95x268 ran 1.53x slower than the best): it expects hundreds of
+microseconds for one CTA of 128x128x6060, where the GPU takes tens.
+
+The model of one kernel (its tile, cluster, schedule and split are fixed,
+so only the problem varies):
+
+    time = a + waves * (b + c * k_tiles) + d * partial_megabytes
+
+waves: the work items (output tiles as the target launches them,
+`launched_tiles`, times the variant's `k_splits`) over the target's
+workers, rounded up unless the variant shares its last wave out; k_tiles:
+the K tiles one work item computes; partial_megabytes: the fp32 partial
+sums a split kernel writes and reads back. a is the launch and prologue, b
+a work item's fixed cost (its epilogue, scheduling), c a K tile's, d the
+reduction's. Coefficients are fitted by least squares on relative error
+and kept non-negative (every subset of them is tried: four unknowns); a
+kernel measured at fewer than `MIN_PROBLEMS` problems gets no fit.
+
+A fit answers only within its kernel's measured sizes, a factor of 2
+beyond them (past the database's own range, where every kernel's fit
+extrapolates alike, without bound): an export keeps a problem's kernels
+within 1.5x of its fastest (`tuning.EXPORT_WITHIN`), so a kernel may be
+measured only where it competes. Fitted to large problems alone, 256x128
+split-K 2 in a 2x4 cluster extrapolated to the fastest on 86x95x268.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import attrs
+import numpy as np
+
+from . import targets
+
+# The fewest tuned problems one kernel's fit needs: the sweeps' grids hold 54
+# (cuda_tuning_grid) and more, a hand-tuned database a few, which the nearest
+# tuned problems answer instead.
+MIN_PROBLEMS = 12
+# How far past its own measured sizes a kernel's fit answers (module docstring).
+REACH = 2.0
+
+
+@attrs.frozen
+class FittedKernel:
+    """One kernel's fitted time model (module docstring)."""
+    config: object
+    coefficients: tuple  # (a, b, c, d) in milliseconds
+    problems: int  # the tuned problems it was fitted to
+    error: float  # the fit's mean relative error on them
+    low: tuple  # the tuning sizes it answers for (module docstring), each from low to high
+    high: tuple
+
+    def predicted_ms(self, problem, record) -> float:
+        return float(np.dot(features(problem, self.config, record), self.coefficients))
+
+    def answers(self, sizes) -> bool:
+        """Whether a problem of these tuning sizes is within its range."""
+        return all(lo <= x <= hi for lo, x, hi in zip(self.low, sizes, self.high))
+
+
+def features(problem, config, record) -> tuple:
+    """(1, waves, waves * k_tiles, partial megabytes) of `config` on `problem`."""
+    target = targets.get(config.target)
+    splits = record.k_splits(config) if record is not None else 1
+    items = target.launched_tiles(problem, config) * splits
+    shared = record is not None and record.shares_last_wave(config)
+    workers = target.parallelism(config)
+    waves = max(1.0, items / workers) if shared else float(math.ceil(items / workers))
+    k = max(k for _, _, k in problem.shapes)
+    k_tiles = math.ceil(math.ceil(k / config.tile_k) / splits)
+    partial = sum(m * n for m, n, _ in problem.shapes) * splits * 4e-6 if splits > 1 else 0.0
+    return (1.0, waves, waves * k_tiles, partial)
+
+
+def fit(samples, record) -> dict:
+    """{kernel name: FittedKernel} from `samples`, ((tuning sizes, problem,
+    config, ms), ...) of one scope; kernels measured at fewer than
+    MIN_PROBLEMS problems are left out."""
+    by_kernel = {}
+    for sizes, problem, config, ms in samples:
+        times = by_kernel.setdefault(config.name, (config, {}))[1]
+        times[sizes, problem] = min(ms, times.get((sizes, problem), math.inf))
+    scope = [sizes for sizes, *_ in samples]
+    scope_low, scope_high = (tuple(map(f, zip(*scope))) for f in (min, max)) if scope else ((), ())
+    fitted = {}
+    for name, (config, times) in by_kernel.items():
+        if len(times) < MIN_PROBLEMS:
+            continue
+        x = np.array([features(p, config, record) for _, p in times])
+        t = np.array(list(times.values()))
+        found = _non_negative_fit(x / t[:, None], np.ones(len(t)))
+        if found is None:
+            continue
+        low, high = (tuple(map(f, zip(*(sizes for sizes, _ in times)))) for f in (min, max))
+        fitted[name] = FittedKernel(
+            config, tuple(map(float, found)), len(times), float(np.mean(np.abs(x @ found / t - 1.0))),
+            low=tuple(0.0 if lo <= s else lo / REACH for lo, s in zip(low, scope_low)),
+            high=tuple(math.inf if hi >= s else hi * REACH for hi, s in zip(high, scope_high)))
+    return fitted
+
+
+def _non_negative_fit(x, y):
+    """The least-squares solution of x c = y with every c >= 0, by trying
+    each subset of x's columns (exact for these few columns), or None."""
+    best, best_residual = None, math.inf
+    columns = range(x.shape[1])
+    for size in range(1, x.shape[1] + 1):
+        for subset in itertools.combinations(columns, size):
+            c, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+            if (c < 0).any():
+                continue
+            residual = float(np.sum((x[:, subset] @ c - y) ** 2))
+            if residual < best_residual - 1e-12:
+                best = np.zeros(x.shape[1])
+                best[list(subset)] = c
+                best_residual = residual
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def fitted_kernels(template, record, rows: tuple, parse) -> dict:
+    """`fit` of a database's rows ((sizes, config text, ms), ...) of one
+    scope (`parse`: a config text's KernelConfig), each tuned problem as
+    `template` (a problem of the scope's kind, at any sizes) at its sizes;
+    memoized: a database's rows change seldom, and selection asks once per
+    new problem shape."""
+    samples = []
+    for sizes, text, ms in rows:
+        config = parse(text)
+        problem = template.at_tuning_sizes(sizes)
+        if problem is None:  # its kind's tuning sizes do not give a problem back
+            return {}
+        samples.append((tuple(sizes), problem, config, ms))
+    return fit(samples, record)
