@@ -9,11 +9,12 @@ Per shape, three columns, each a time over torch's (`torch.matmul`;
 `torch._scaled_mm` for fp8; `torch._grouped_mm`, a loop of `torch.matmul`
 and one stacked `torch.matmul` of the same FLOPs for grouped), CUDA events
 around each call, L2 flushed before each, medians of --repeat runs after
-warm-up:
+warm-up; torch, default and autotune are timed in alternating rounds once
+autotune has run (`timed_rounds`):
   default   the public call as a user makes it, host work included
             (`dispatcher.gemm(a, b)`, `dispatcher.grouped_mm(a, b, offsets)`),
-            with no tuning database and no autotune: the ranked catalog's
-            first kernel (what `gemm-dispatcher explain` prints)
+            with the shipped tuning times and no autotune (what
+            `gemm-dispatcher explain` prints)
   autotune  a fresh tuning database and autotune=True: the first call builds
             and times the top ranked kernels (its cost is reported), later
             calls use the winner
@@ -38,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 
@@ -55,6 +57,23 @@ from dispatcher.verify import max_rel  # noqa: E402
 
 def timed(fn, timing) -> float:
     return median(measure_cuda(lambda i: fn(), timing, stream=torch.cuda.current_stream().cuda_stream))
+
+
+def timed_rounds(fns: dict, timing, rounds: int = 5) -> dict:
+    """{name: median seconds} of several callables timed in alternating
+    rounds, a few calls of each per round: a GPU's clocks follow its
+    temperature and power through a run, so each contender's samples come
+    from all of it. Timed one after the other, autotune's pick at 8192^3
+    ran 17% slower than the default column with the same kernel, measured
+    right after autotune's trials had heated the GPU (H100,
+    cuda_gemm_regular_skinny_h100_7baa014.json)."""
+    per_round = attrs.evolve(timing, warmup=min(timing.warmup, 2), repeat=max(1, timing.repeat // rounds))
+    stream = torch.cuda.current_stream().cuda_stream
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name] += measure_cuda(lambda i: fn(), per_round, stream=stream)
+    return {name: median(times) for name, times in samples.items()}
 
 
 def operands(m, n, k, dtype=torch.bfloat16, seed=0):
@@ -125,16 +144,18 @@ def regret(default_us, t_best: float) -> float:
     return default_us / (t_best * 1e6) if default_us else float("nan")
 
 
-def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dict:
-    """default / autotune / best-of-catalog times and their ratios: default
-    is `plain()`, the public call as a user makes it (the default
-    dispatcher, no out, target, or dispatcher argument: its shortest path);
-    its kernel is what `call(d, False)` on a fresh Dispatcher selects (the
-    same ranking and shipped winners); autotune is `call(tuned, True)`."""
+def three_columns(call, plain, baselines: dict, problem_of, timing, tmp, **kw) -> dict:
+    """default / autotune / best-of-catalog times and their ratios to
+    `baselines["torch"]` (each baseline's time as `<name>_us`): default is
+    `plain()`, the public call as a user makes it (the default dispatcher,
+    no out, target, or dispatcher argument: its shortest path); its kernel
+    is what `call(d, False)` on a fresh Dispatcher selects (the same ranking
+    and shipped winners); autotune is `call(tuned, True)`. The baselines,
+    default and autotune are timed together, in rounds (`timed_rounds`),
+    after autotune has run."""
     d = fresh()
     call(d, False)  # first call: selection (and any build)
     plain()
-    t_default = timed(plain, timing)
     chosen_config = next(iter(d._ready.values()))[0] if d._ready else None
     chosen = chosen_config and chosen_config.name
     tuned = fresh(tempfile.mkdtemp(dir=tmp))
@@ -142,11 +163,13 @@ def three_columns(call, plain, baseline_s, problem_of, timing, tmp, **kw) -> dic
     call(tuned, True)
     torch.cuda.synchronize()
     autotune_cost = time.perf_counter() - started
-    t_autotune = timed(lambda: call(tuned, True), timing)
+    times = timed_rounds({**baselines, "default": plain, "autotune": lambda: call(tuned, True)}, timing)
+    baseline_s, t_default, t_autotune = times["torch"], times["default"], times["autotune"]
     problem, ops = problem_of()
     t_best, best_name, catalog_us, default_kernel_us = best_of_catalog(d, problem, ops, timing,
                                                                        chosen_config)
-    return dict(torch_us=baseline_s * 1e6, default_us=t_default * 1e6, autotune_us=t_autotune * 1e6,
+    return dict(**{f"{name}_us": t * 1e6 for name, t in times.items() if name in baselines},
+                default_us=t_default * 1e6, autotune_us=t_autotune * 1e6,
                 best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
                 default_kernel_us=default_kernel_us, regret=regret(default_kernel_us, t_best),
                 autotune_winner=tuned.autotune_log[0]["winner"] if tuned.autotune_log else None,
@@ -167,7 +190,6 @@ def bench_gemm(shapes, variant, timing, tmp, dtype=torch.bfloat16, out_dtype=Non
             out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
             baseline = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         reference = baseline().float()
-        t_torch = timed(baseline, timing)
 
         def call(d, autotune):
             return dispatcher.gemm(a, b, out=out, variant=variant, target="cuda", out_dtype=out_dtype,
@@ -180,7 +202,7 @@ def bench_gemm(shapes, variant, timing, tmp, dtype=torch.bfloat16, out_dtype=Non
             return problem, ops  # misaligned operands: the kernels stage them in their workspace
 
         plain = lambda: dispatcher.gemm(a, b, variant=variant, out_dtype=out_dtype)
-        row = three_columns(call, plain, t_torch, problem_of, timing, tmp, M=m, N=n, K=k)
+        row = three_columns(call, plain, {"torch": baseline}, problem_of, timing, tmp, M=m, N=n, K=k)
         call(fresh(), False)
         torch.cuda.synchronize()
         row["max_rel_vs_torch"] = max_rel(out.float().cpu().numpy(), reference.double().cpu().numpy())
@@ -256,7 +278,6 @@ def bench_grouped(cases, timing, tmp):
         grouped_mm = lambda: torch._grouped_mm(a, b, offs=offsets)
         stacked = lambda: torch.matmul(a, b[0])
         ref = grouped_mm().float()
-        t_loop, t_gmm, t_stacked = timed(loop, timing), timed(grouped_mm, timing), timed(stacked, timing)
 
         def call(d, autotune):
             return dispatcher.grouped_mm(a, b, offsets, target="cuda", autotune=autotune, dispatcher=d)
@@ -268,11 +289,11 @@ def bench_grouped(cases, timing, tmp):
             return problem, ops
 
         plain = lambda: dispatcher.grouped_mm(a, b, offsets)
-        row = three_columns(call, plain, t_gmm, problem_of, timing, tmp, case=name, groups=len(ms), N=n, K=k)
-        row.update(torch_loop_us=t_loop * 1e6, torch_stacked_us=t_stacked * 1e6,
-                   default_vs_loop=t_loop * 1e6 / row["default_us"],
-                   autotune_vs_loop=t_loop * 1e6 / row["autotune_us"],
-                   stacked_vs_grouped_mm=t_gmm / t_stacked)
+        row = three_columns(call, plain, {"torch": grouped_mm, "torch_loop": loop, "torch_stacked": stacked},
+                            problem_of, timing, tmp, case=name, groups=len(ms), N=n, K=k)
+        row.update(default_vs_loop=row["torch_loop_us"] / row["default_us"],
+                   autotune_vs_loop=row["torch_loop_us"] / row["autotune_us"],
+                   stacked_vs_grouped_mm=row["torch_us"] / row["torch_stacked_us"])
         out = call(fresh(), False)
         torch.cuda.synchronize()
         row["max_rel_vs_torch"] = max_rel(out.float().cpu().numpy(), ref.double().cpu().numpy())
