@@ -389,7 +389,8 @@ def cmd_explain(args):
             tuned=found["tuned"] and found["tuned"].config.name,
             tuned_from=found["tuned"] and dict(problem=found["tuned"].problem, shipped=found["tuned"].shipped,
                                                exact=found["tuned"].exact, neighbours=found["tuned"].neighbours,
-                                               fitted=found["tuned"].fitted),
+                                               fitted=found["tuned"].fitted,
+                                               predicted_ms=found["tuned"].predicted_ms),
             ranked=[dict(kernel=e.config.name, estimate=e.value, model=e.model) for e in found["ranked"]],
             rejected=[dict(kernel=str(n), reason=why) for n, why in found["rejected"]]), indent=1))
         return 0

@@ -174,12 +174,13 @@ class Winner:
     adapted: str = ""  # what the config changes from the tuned winner (an epilogue, an output, a neighbour's swizzle)
     neighbours: int = 0  # how many nearby tuned problems decided it (0: exact)
     fitted: int = 0  # the tuned problems its fitted time model was fitted to (0: not decided so)
+    predicted_ms: float = 0.0  # that model's time for the problem
 
     def __str__(self):
         adapted = f", with {self.adapted}" if self.adapted else ""
         if self.fitted:
             return (f"{self.config.name} (least time fitted to the {'shipped' if self.shipped else 'own'} times "
-                    f"of {self.fitted} tuned problems{adapted})")
+                    f"of {self.fitted} tuned problems: {self.predicted_ms * 1e3:.4g} us{adapted})")
         where = ("this problem" if self.exact else "this shape" if self.neighbours == 0
                  else f"the nearest tuned problem, {self.problem}"
                  if self.neighbours == 1 else f"the {self.neighbours} nearest tuned problems, nearest {self.problem}")
@@ -413,8 +414,9 @@ class TuningDatabase:
                  and math.isfinite(estimate(problem, f.config, record).value)}  # (a gemv kernel: M or N <= 4)
         if not times:
             return None
-        chosen = fitted[min(sorted(times), key=times.get)]
-        return Winner(chosen.config, problem_key(problem)[0], shipped, False, fitted=chosen.problems)
+        name = min(sorted(times), key=times.get)
+        return Winner(fitted[name].config, problem_key(problem)[0], shipped, False, fitted=fitted[name].problems,
+                      predicted_ms=times[name])
 
     def _carried_times(self, problem, times: dict) -> dict:
         """{kernel name: (config, ms, the kernel measured)} of one
