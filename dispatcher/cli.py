@@ -589,6 +589,9 @@ def main(argv=None) -> int:
             return args.fn(args)
         except BrokenPipeError:  # e.g. `gemm-dispatcher kernels | head`
             return 0
+        except KeyboardInterrupt:  # Ctrl-C, or `timeout -s INT`: what the command kept, it said
+            print("gemm-dispatcher: interrupted", file=sys.stderr)
+            return 130
         except (DispatcherError, OSError) as e:  # OSError: a file or folder named on the command line
             print(f"gemm-dispatcher: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 2

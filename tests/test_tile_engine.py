@@ -182,6 +182,39 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, faulty_env):
     assert {(r["kernel"], r["problem_idx"]) for r in before} <= set(keys)
 
 
+@pytest.mark.slow  # builds its two kernels in a cache of its own: CI runs it in its slow step
+def test_an_interrupted_sweep_records_what_it_measured(tmp_path, faulty_env):
+    """Ctrl-C (or `timeout -s INT`) mid-sweep: one line and status 130, and
+    the times measured so far are in the tuning database, not only on disk."""
+    out = tmp_path / "out"
+    env = {**faulty_env, "DISPATCHER_CACHE_DIR": str(tmp_path / "cache")}
+    cfg = tmp_path / "sweep.json"
+    cfg.write_text(json.dumps({"behaviour": {"values": ["ok"]}, "tile_m": {"values": [12, 24]},
+                               "tile_n": {"values": [32]}, "tile_k": {"values": [32]}}))
+    probs = tmp_path / "problems.json"
+    probs.write_text(json.dumps(SMALL_PROBLEMS))
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "sweep", str(cfg), "--problems", str(probs),
+                                 "--variant", "faulty", "--quiet", "--repeat", "20000", "--out", str(out)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        wait_until(lambda: len(results.read(out)) >= 2, [proc], 300, "2 result rows", log)
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: proc.poll() is not None, [], 60, "the interrupted sweep to exit", log)
+    finally:
+        _kill_session(proc)
+    measured = [r for r in results.read(out) if r["status"] == "ok"]
+    assert proc.returncode == 130 and "gemm-dispatcher: interrupted" in log.read_text()
+    assert 2 <= len(measured) < 2 * len(SMALL_PROBLEMS), "the interrupt came too late to test anything"
+    import sqlite3  # (the faulty variant is not registered in this process: the rows as stored)
+    with contextlib.closing(sqlite3.connect(tmp_path / "cache" / "tuning.sqlite")) as con:
+        stored = {(problem, kernel): ms for problem, kernel, ms in
+                  con.execute("SELECT problem, kernel, latency_ms FROM timings WHERE variant = 'faulty'")}
+    assert stored == {("x".join(map(str, SMALL_PROBLEMS[int(r["problem_idx"])])), r["kernel"]):
+                      pytest.approx(float(r["latency_ms"])) for r in measured}
+
+
 def _processes() -> dict:
     """{pid: (parent pid, session id, start time, state)} of every process, from /proc."""
     table = {}

@@ -80,6 +80,12 @@ def run(o: SweepOptions) -> dict:
     seconds = {"executor": time.perf_counter() - started}  # wall time of each phase
     try:
         rows, configs, build_failures, writer = measure(executor, plan, probs, done, o, kind, seconds)
+    except KeyboardInterrupt:
+        # an interrupted sweep's measurements (already on disk, `results`) still tune selection
+        recorded = record_winners(results.read(o.out), plan.configs, probs, o, kind, plan.fixed)
+        say(f"interrupted: the times of {len(recorded)} problem(s) measured so far are in the tuning database; "
+            f"--resume continues the sweep")
+        raise
     finally:
         executor.close()
     if done:
