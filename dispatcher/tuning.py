@@ -7,10 +7,11 @@ autotune the one it keeps. Writers from several processes are safe: WAL
 journal, a busy timeout, and an upsert that keeps the faster time.
 
 `winner` answers an exactly tuned problem with its fastest kernel. Any
-other problem, where the database measured kernels at enough problems
-(a sweep's grid), gets the kernel of least fitted time (`fitted_times`:
-each kernel's times as a curve over the problem's tiles, waves and K).
-Otherwise it is decided by the tuned problems near it (within a factor 2
+other problem, where the database swept kernels at enough problems (a
+sweep's grid), gets the kernel of least fitted time (`fitted_times`:
+each kernel's times as a curve over the problem's tiles, waves and K;
+the user's own fits, then their own nearest tuned problems, then the
+shipped fits). Otherwise it is decided by the tuned problems near it (within a factor 2
 of each size): of the `NEIGHBOURS` nearest, the kernel measured at all of
 them whose times there, carried over to this problem by the occupancy
 model (`selection.estimated_cost`: waves of tiles over the GPU's SMs
@@ -51,7 +52,7 @@ from .epilogue import unmet_fields
 from .errors import DispatcherError
 from .files import read_json
 from .fitted_times import fitted_kernels
-from .selection import estimate, estimated_cost
+from .selection import estimated_cost
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS timings (
@@ -126,7 +127,6 @@ def shipped_rows(arch: str, directory: Path = SHIPPED_DIR) -> dict:
     return rows
 
 
-@functools.lru_cache(maxsize=4096)
 @functools.lru_cache(maxsize=16384)
 def _config(text: str):
     """The KernelConfig of a stored row, or None for a stale one (its plugin or schema changed)."""
@@ -350,7 +350,10 @@ class TuningDatabase:
             shipped = min(exact)  # the user's own first
             config, _ = min(measured[shipped, key][1].values(), key=lambda t: (t[1], t[0].name))
             return Winner(config, key, bool(shipped), True)
+        own_near = any(s == 0 for s, _ in measured)
         for shipped, rows in enumerate(usable):  # the user's own times first
+            if shipped and own_near:
+                break  # own times near it that no fit covers decide below, before shipped fits
             # kernels kept at a near tuned problem (an export drops the much slower: `EXPORT_WITHIN`),
             # or every fitted one where none is near
             kept = {name for (s, _), (_, times) in measured.items() if s == shipped for name in times}
@@ -395,28 +398,41 @@ class TuningDatabase:
         note = f"its target's change for a neighbour's kernel ({measured_as})" if measured_as != name else ""
         return Winner(config, pool[0][1], bool(shipped), False, adapted=note, neighbours=count)
 
-    @staticmethod
-    def _fitted_winner(problem, record, rows, shipped: bool, kept: set) -> "Winner | None":
+    def _fitted_winner(self, problem, record, rows, shipped: bool, kept: set) -> "Winner | None":
         """The kernel of least fitted time on `problem` (`fitted_times`) of
         those fitted to `rows` ((sizes, config text, ms), ...) that take it
-        and are in `kept` (all, where it is empty), or None where none is fitted."""
+        and are in `kept` (all, where it is empty), run as its target
+        carries it over from the tuned problems (`_carried_over`: cuda drops
+        a swizzle, which pays off only on the tile grid it was measured on;
+        a fitted twin of that kernel competes as itself); or None where none
+        is fitted, or where a kernel of the target's own schedule (gemv: M
+        or N up to 4) takes the problem and none of those does."""
+        if getattr(problem, "batch", 1) != 1 or not rows:
+            return None  # a batched kind's rows mix batch counts its tuning sizes do not give back
         template = problem.at_tuning_sizes((1, 1, 1))
-        sizes = problem_key(problem)[1]
-        if template is None or not rows:
+        if template is None:
             return None
+        sizes = problem_key(problem)[1]
         fitted = fitted_kernels(template, record, tuple(rows), _config)
         target = targets.get(problem.target)
+        candidates = {}  # name -> (the config that runs, its fit)
+        for name, f in fitted.items():
+            schedule = target.template_schedule(f.config)
+            runs = self._carried_over(problem, f.config)
+            if ((kept and name not in kept) or not f.answers(sizes) or (runs.name != name and runs.name in fitted)
+                    or (schedule is not None and not target.takes_schedule(schedule, problem))):
+                continue
+            candidates[name] = (runs, f)
         own = {s for s in getattr(record, "target_schedules", ()) if target.takes_schedule(s, problem)}
-        if own and not any(target.template_schedule(f.config) in own for f in fitted.values()):
-            return None  # a kernel of the target's own (gemv) takes it and no fit knows one: the model ranks
-        times = {name: f.predicted_ms(problem, record) for name, f in fitted.items()
-                 if (not kept or name in kept) and f.answers(sizes)
-                 and math.isfinite(estimate(problem, f.config, record).value)}  # (a gemv kernel: M or N <= 4)
-        if not times:
+        if not candidates or (own and not any(target.template_schedule(f.config) in own
+                                              for _, f in candidates.values())):
             return None
+        times = {name: f.predicted_ms(problem, record) for name, (_, f) in candidates.items()}
         name = min(sorted(times), key=times.get)
-        return Winner(fitted[name].config, problem_key(problem)[0], shipped, False, fitted=fitted[name].problems,
-                      predicted_ms=times[name])
+        runs = candidates[name][0]
+        return Winner(runs, problem_key(problem)[0], shipped, False, fitted=candidates[name][1].problems,
+                      predicted_ms=times[name],
+                      adapted=f"its target's change for the fitted kernel ({name})" if runs.name != name else "")
 
     def _carried_times(self, problem, times: dict) -> dict:
         """{kernel name: (config, ms, the kernel measured)} of one

@@ -32,6 +32,15 @@ def _time_of(m, n, k, tile, launch, per_tile, per_k_tile):
 
 
 GRID = [(m, n, k) for m in (64, 256, 1024, 4096) for n in (512, 2048, 8192) for k in (512, 2048, 8192)]
+OTHER = (dict(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, schedule="pingpong"), (64, 64), (0.003, 0.001, 0.0003))
+
+
+def _swept(config, times_of) -> list:
+    """Samples of `config` timed by times_of(m, n, k), beside OTHER's on the
+    same grid: a sweep's rows (a database of winners only gets no fit)."""
+    other, tile, costs = _cuda(**OTHER[0]), OTHER[1], OTHER[2]
+    return [((float(m), float(n), float(k)), _problem(m, n, k), c, t(m, n, k)) for m, n, k in GRID
+            for c, t in ((config, times_of), (other, lambda m, n, k: _time_of(m, n, k, tile, *costs)))]
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +52,7 @@ def test_a_fit_recovers_the_times_it_was_given_and_predicts_a_problem_between_th
     record = get_manager().variant("regular")
     config = _cuda(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
     costs = (0.005, 0.002, 0.0004)
-    samples = [((float(m), float(n), float(k)), _problem(m, n, k), config, _time_of(m, n, k, (128, 256), *costs))
-               for m, n, k in GRID]
-    fitted = fit(samples, record)[config.name]
+    fitted = fit(_swept(config, lambda m, n, k: _time_of(m, n, k, (128, 256), *costs)), record)[config.name]
     assert fitted.problems == len(GRID) and fitted.error < 1e-6
     assert fitted.coefficients[:3] == pytest.approx(costs, rel=1e-6) and fitted.coefficients[3] == 0.0
     between = _problem(3000, 5000, 3000)
@@ -56,9 +63,7 @@ def test_fitted_coefficients_are_never_negative():
     """Times that fall with the waves would fit a negative per-tile cost:
     it is clipped at zero and the others refitted."""
     config = _cuda(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1)
-    samples = [((float(m), float(n), float(k)), _problem(m, n, k), config, 1.0 / (1 + m * n / 1e6))
-               for m, n, k in GRID]
-    fitted = fit(samples, get_manager().variant("regular"))[config.name]
+    fitted = fit(_swept(config, lambda m, n, k: 1.0 / (1 + m * n / 1e6)), get_manager().variant("regular"))[config.name]
     assert min(fitted.coefficients) >= 0.0
 
 
@@ -146,9 +151,56 @@ def test_fits_leave_a_problem_of_the_targets_own_gemv_kernel_to_the_model(tmp_pa
     they do."""
     record = get_manager().variant("regular")
     kernel = _cuda(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong")
-    db = _grid_database(tmp_path, [(kernel, (64, 128), (0.004, 0.001, 0.0002))])
+    db = _grid_database(tmp_path, [(kernel, (64, 128), (0.004, 0.001, 0.0002)), (_cuda(**OTHER[0]), *OTHER[1:])])
     assert db.winner(_problem(4, 3000, 3000), record) is None
     assert db.winner(_problem(3000, 1, 3000), record) is None
     assert db.winner(_problem(5, 3000, 3000), record).fitted == len(GRID)
     from dispatcher.api import Dispatcher
     assert "gemv" in Dispatcher(tuning=db).select(_problem(4, 3000, 3000)).name
+
+
+def test_only_kernels_kept_at_a_near_tuned_problem_compete(tmp_path):
+    """A kernel whose fit is the least but which the near tuned problem did
+    not keep (an export drops kernels much slower than its best) does not run."""
+    record = get_manager().variant("regular")
+    fast, slow = _cuda(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"), _cuda(**OTHER[0])
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    for m, n, k in GRID:
+        db.record(_problem(m, n, k), slow, _time_of(m, n, k, OTHER[1], *OTHER[2]))
+        if (m, n, k) != (1024, 2048, 2048):
+            db.record(_problem(m, n, k), fast, 0.5 * _time_of(m, n, k, OTHER[1], *OTHER[2]))
+    assert db.winner(_problem(4096, 8192, 8192), record).config == fast  # no tuned problem near: every fit
+    assert db.winner(_problem(1100, 2100, 2100), record).config == slow  # near 1024x2048x2048, which kept slow alone
+
+
+def test_winners_only_and_zero_times_give_no_fit_and_no_error(tmp_path):
+    """One kernel per tuned problem (autotune's rows) is no curve: the nearest
+    tuned problems decide. A time of 0 recorded by hand is left out of a fit."""
+    record = get_manager().variant("regular")
+    first, second = _cuda(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"), _cuda(**OTHER[0])
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    for i, (m, n, k) in enumerate(GRID):
+        db.record(_problem(m, n, k), first if i % 2 else second, 1.0)
+    found = db.winner(_problem(1100, 2100, 2100), record)
+    assert not found.fitted and found.neighbours >= 1
+    swept = _grid_database(tmp_path / "swept", [(first, (64, 128), (0.004, 0.001, 0.0002)), (second, *OTHER[1:])])
+    swept.record(_problem(333, 444, 555), first, 0.0)
+    assert swept.winner(_problem(1500, 2800, 2048), record).fitted == len(GRID)
+
+
+def test_own_times_near_a_problem_decide_before_shipped_fits(tmp_path, monkeypatch):
+    """The user's own nearest tuned problem (no fit of their own) decides
+    before the shipped times' fits, as it did before fits."""
+    import dispatcher.tuning as tuning
+    record = get_manager().variant("regular")
+    mine, theirs = _cuda(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, schedule="pingpong"), _cuda(**OTHER[0])
+    shipped = [((float(m), float(n), float(k)), c, _time_of(m, n, k, tile, *costs)) for m, n, k in GRID
+               for c, tile, costs in ((theirs, *OTHER[1:]), (mine, (64, 128), (0.04, 0.01, 0.002)))]
+    monkeypatch.setattr(TuningDatabase, "_shipped", lambda self, problem: [
+        (f"{int(a)}x{int(b)}x{int(c)}", a, b, c, tuning.json.dumps(config.to_dict()), ms)
+        for (a, b, c), config, ms in shipped])
+    db = TuningDatabase(tmp_path / "t.sqlite", shipped=False)
+    assert db.winner(_problem(3100, 5000, 3000), record).config == theirs  # the shipped fits
+    db.record(_problem(3000, 5000, 3000), mine, 1.0)
+    found = db.winner(_problem(3100, 5000, 3000), record)
+    assert found.config == mine and not found.shipped and found.neighbours == 1
