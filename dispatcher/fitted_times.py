@@ -144,12 +144,13 @@ def _non_negative_fit(x, y):
 
 
 @functools.lru_cache(maxsize=64)
-def fitted_kernels(template, record, rows: tuple, parse) -> dict:
+def fitted_kernels(template, record, rows: tuple, parse, workers: str) -> dict:
     """`fit` of a database's rows ((sizes, config text, ms), ...) of one
     scope (`parse`: a config text's KernelConfig), each tuned problem as
     `template` (a problem of the scope's kind, at any sizes) at its sizes;
     memoized: a database's rows change seldom, and selection asks once per
-    new problem shape."""
+    new problem shape. `workers` (the target's `parallelism_hint`) is part
+    of the key: the waves are counted over this machine's workers."""
     samples = []
     for sizes, text, ms in rows:
         config = parse(text)

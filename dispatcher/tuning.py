@@ -413,8 +413,8 @@ class TuningDatabase:
         if template is None:
             return None
         sizes = problem_key(problem)[1]
-        fitted = fitted_kernels(template, record, tuple(rows), _config)
         target = targets.get(problem.target)
+        fitted = fitted_kernels(template, record, tuple(rows), _config, target.parallelism_hint())
         candidates = {}  # name -> (the config that runs, its fit)
         for name, f in fitted.items():
             schedule = target.template_schedule(f.config)
