@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 
 from dispatcher import targets
@@ -90,26 +91,24 @@ def time_call(fn, timing: TimingOptions) -> float:
     return median(measure(lambda i: fn(), timing))
 
 
-def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: float = 0.3) -> dict:
+def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: float = 0.3,
+                     timer=measure) -> dict:
     """{name: median seconds} of several callables, timed in alternating
     rounds: each round warms each callable up and times a few runs of it in a
     row (its steady state, caches warm), so a burst of load on a shared
     machine lands on every contender alike rather than on one of them.
+    timer(fn, options): the seconds of each timed call of fn(i) (wall clock,
+    `dispatcher.timing.measure`; on a GPU, CUDA events).
 
     Each block starts after `settle` idle seconds: OpenBLAS's and OpenMP's
     worker threads spin for a while after a call, and a contender started
     inside that window shares its cores with them (2x slower here)."""
-    per_round = max(1, timing.repeat // rounds)
+    per_round = attrs.evolve(timing, repeat=max(1, timing.repeat // rounds))
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(settle)
-            for _ in range(timing.warmup):
-                fn()
-            for _ in range(per_round):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
+            times[name] += timer(lambda i: fn(), per_round)
     return {name: median(t) for name, t in times.items()}
 
 

@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dispatcher  # noqa: E402
-from common import environment, geomean, load_shapes, pyplot  # noqa: E402
+from common import environment, geomean, load_shapes, pyplot, time_interleaved  # noqa: E402
 from dispatcher.api import Dispatcher  # noqa: E402
 from dispatcher.kinds import prepare_gemm  # noqa: E402
 from dispatcher.problem import prepare_grouped_mm  # noqa: E402
@@ -59,21 +59,17 @@ def timed(fn, timing) -> float:
     return median(measure_cuda(lambda i: fn(), timing, stream=torch.cuda.current_stream().cuda_stream))
 
 
-def timed_rounds(fns: dict, timing, rounds: int = 5) -> dict:
+def timed_rounds(fns: dict, timing) -> dict:
     """{name: median seconds} of several callables timed in alternating
-    rounds, a few calls of each per round: a GPU's clocks follow its
-    temperature and power through a run, so each contender's samples come
-    from all of it. Timed one after the other, autotune's pick at 8192^3
-    ran 17% slower than the default column with the same kernel, measured
-    right after autotune's trials had heated the GPU (H100,
-    cuda_gemm_regular_skinny_h100_7baa014.json)."""
-    per_round = attrs.evolve(timing, warmup=min(timing.warmup, 2), repeat=max(1, timing.repeat // rounds))
+    rounds (`common.time_interleaved`, CUDA events, no idle between): a
+    GPU's clocks follow its temperature and power through a run, so each
+    contender's samples come from all of it. Timed one after the other,
+    autotune's pick at 8192^3 ran 17% slower than the default column with
+    the same kernel, measured right after autotune's trials had heated the
+    GPU (H100, cuda_gemm_regular_skinny_h100_7baa014.json)."""
     stream = torch.cuda.current_stream().cuda_stream
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name] += measure_cuda(lambda i: fn(), per_round, stream=stream)
-    return {name: median(times) for name, times in samples.items()}
+    return time_interleaved(fns, attrs.evolve(timing, warmup=min(timing.warmup, 2)), settle=0.0,
+                            timer=lambda fn, options: measure_cuda(fn, options, stream=stream))
 
 
 def operands(m, n, k, dtype=torch.bfloat16, seed=0):
