@@ -49,6 +49,7 @@ import attrs
 import numpy as np
 
 from . import targets
+from .selection import work_waves
 
 # The fewest tuned problems one kernel's fit needs: the sweeps' grids hold 54
 # (cuda_tuning_grid) and more, a hand-tuned database a few, which the nearest
@@ -78,12 +79,7 @@ class FittedKernel:
 
 def features(problem, config, record) -> tuple:
     """(1, waves, waves * k_tiles, partial megabytes) of `config` on `problem`."""
-    target = targets.get(config.target)
-    splits = record.k_splits(config) if record is not None else 1
-    items = target.launched_tiles(problem, config) * splits
-    shared = record is not None and record.shares_last_wave(config)
-    workers = target.parallelism(config)
-    waves = max(1.0, items / workers) if shared else float(math.ceil(items / workers))
+    waves, splits = work_waves(targets.get(config.target).launched_tiles(problem, config), config, record)
     k = max(k for _, _, k in problem.shapes)
     k_tiles = math.ceil(math.ceil(k / config.tile_k) / splits)
     partial = sum(m * n for m, n, _ in problem.shapes) * splits * 4e-6 if splits > 1 else 0.0
@@ -147,15 +143,10 @@ def _non_negative_fit(x, y):
 def fitted_kernels(template, record, rows: tuple, parse, workers: str) -> dict:
     """`fit` of a database's rows ((sizes, config text, ms), ...) of one
     scope (`parse`: a config text's KernelConfig), each tuned problem as
-    `template` (a problem of the scope's kind, at any sizes) at its sizes;
+    `template` (a problem of the scope's kind, at any sizes, whose kind's
+    `at_tuning_sizes` gives problems back) at its sizes;
     memoized: a database's rows change seldom, and selection asks once per
     new problem shape. `workers` (the target's `parallelism_hint`) is part
     of the key: the waves are counted over this machine's workers."""
-    samples = []
-    for sizes, text, ms in rows:
-        config = parse(text)
-        problem = template.at_tuning_sizes(sizes)
-        if problem is None:  # its kind's tuning sizes do not give a problem back
-            return {}
-        samples.append((tuple(sizes), problem, config, ms))
-    return fit(samples, record)
+    return fit([(tuple(sizes), template.at_tuning_sizes(sizes), parse(text), ms) for sizes, text, ms in rows],
+               record)

@@ -50,6 +50,18 @@ def rank(problem, candidates, record) -> list:
     return sorted((estimate(problem, c, record) for c in candidates), key=lambda e: e.key)
 
 
+def work_waves(tiles: int, config, record=None) -> tuple:
+    """(waves, K slices per tile) of `tiles` output tiles: their work items
+    (each tile in the variant's `k_splits` slices) over the target's
+    workers, rounded up to whole waves unless the variant shares its last
+    wave out (`shares_last_wave`: then at least one)."""
+    workers = targets.get(config.target).parallelism(config)
+    splits = record.k_splits(config) if record is not None else 1
+    items = tiles * splits
+    shared = record is not None and record.shares_last_wave(config)
+    return (max(1.0, items / workers) if shared else float(math.ceil(items / workers))), splits
+
+
 def estimated_cost(problem, config, record=None) -> float:
     """Relative time of `config` on `problem`: the waves of work items over
     the target's parallel workers, each costing the area it computes (the
@@ -68,10 +80,7 @@ def estimated_cost(problem, config, record=None) -> float:
     micro-kernel of the same spec)."""
     target = targets.get(config.target)
     workers = target.parallelism(config)
-    splits = record.k_splits(config) if record is not None else 1
-    items = problem.tile_count(config.tile_m, config.tile_n) * splits
-    shared = record is not None and record.shares_last_wave(config)
-    waves = max(1.0, items / workers) if shared else math.ceil(items / workers)
+    waves, splits = work_waves(problem.tile_count(config.tile_m, config.tile_n), config, record)
     reuse = target.panel_reuse(problem, config, workers)
     a_reuse = target.a_panel_reuse(problem, config) if record is not None and record.packs_a_once else 1
     rows, columns = target.computed_tile(problem, config)

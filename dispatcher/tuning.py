@@ -411,8 +411,8 @@ class TuningDatabase:
             return None  # a batched kind's rows mix batch counts its tuning sizes do not give back
         template = problem.at_tuning_sizes((1, 1, 1))
         if template is None:
-            return None
-        sizes = problem_key(problem)[1]
+            return None  # its kind's tuning sizes do not give a problem back
+        key, sizes = problem_key(problem)
         target = targets.get(problem.target)
         fitted = fitted_kernels(template, record, tuple(rows), _config, target.parallelism_hint())
         candidates = {}  # name -> (the config that runs, its fit)
@@ -430,7 +430,7 @@ class TuningDatabase:
         times = {name: f.predicted_ms(problem, record) for name, (_, f) in candidates.items()}
         name = min(sorted(times), key=times.get)
         runs = candidates[name][0]
-        return Winner(runs, problem_key(problem)[0], shipped, False, fitted=candidates[name][1].problems,
+        return Winner(runs, key, shipped, False, fitted=candidates[name][1].problems,
                       predicted_ms=times[name],
                       adapted=f"its target's change for the fitted kernel ({name})" if runs.name != name else "")
 

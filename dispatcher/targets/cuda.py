@@ -290,8 +290,11 @@ class CudaTarget:
         to whole clusters (a 2x4 cluster on a problem one tile wide still
         runs four CTAs across, three of them idle)."""
         o = config.target_params
-        return sum(-(-(-(-m // config.tile_m)) // o["cluster_m"]) * o["cluster_m"]
-                   * -(-(-(-n // config.tile_n)) // o["cluster_n"]) * o["cluster_n"]
+
+        def whole_clusters(size, tile, cluster):  # tiles along one side, rounded up to whole clusters
+            return math.ceil(math.ceil(size / tile) / cluster) * cluster
+
+        return sum(whole_clusters(m, config.tile_m, o["cluster_m"]) * whole_clusters(n, config.tile_n, o["cluster_n"])
                    for m, n, _ in problem.shapes)
 
     def a_panel_reuse(self, problem, config) -> int:
