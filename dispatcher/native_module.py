@@ -193,7 +193,8 @@ class NativeModule:
         `make(module, found)` with its `Plan.native_launch`; None while the
         module is not loaded (asking starts its build); False where there
         will be none (the module cannot load, or the plan has no native
-        launch: a workspace, an output given)."""
+        launch: scratch sized per call, an output given where it cannot
+        go)."""
         module = self.get()
         if module is None:
             return None if self.why_not is None else False

@@ -58,14 +58,15 @@ def launch(key, arrays: tuple, plan, order: tuple, scalars: tuple, activation):
     """The C launch of a plan's plain calls on numpy arrays like `arrays`
     (a, b, and the output where one is given), in `order` with `scalars`
     (`native_module.Launches.make`; the C key is the arrays' own, whatever
-    the caller's `key`); False for calls with a bias or an activation and
-    batched ones, which stay on the Python way."""
+    the caller's `key`); False for calls with a bias or an activation,
+    batched ones and those whose kernel needs scratch memory, which stay on
+    the Python way."""
     if activation is not None or len(arrays) not in (2, 3):
         return False
     specs = tuple((x.shape, x.strides, x.dtype) for x in arrays)
 
     def make(module, found):
-        if found.batch or found.extra or len(arrays) != 2 + found.out or \
+        if found.batch or found.extra or found.workspace or len(arrays) != 2 + found.out or \
                 (found.out and arrays[-1].dtype is not np.dtype(found.dtype)):  # an equal dtype of another object
             return False
         return module.Launch(specs, found.entry, found.block, found.rows, found.cols, np.dtype(found.dtype),

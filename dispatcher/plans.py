@@ -220,6 +220,8 @@ class NativeLaunch:
     check: object         # the library's status check: raises the exception of a nonzero status
     batch: int = 0
     out: bool = False     # the output is given, last in the call (else a new row-major result)
+    workspace: int = 0    # the scratch bytes each call needs (its own: a stream-K or split-K kernel's partials)
+    zeroed: bool = False  # whether that scratch must be zeroed first (the target's `zeroes_workspace`)
 
 
 class Plan(_Launches):
@@ -331,9 +333,10 @@ class Plan(_Launches):
         """What native code needs to run the calls `runner(order, scalars)`
         runs, the way that runner does (dispatcher/numpy_calls.c,
         dispatcher/torch/native_linear.cpp). None where the runner would
-        be, or where a call needs more than a block and an entry point: a
-        workspace, a result of more than 3 dims, an output given anywhere
-        but last."""
+        be, or where a call needs more than a block, an entry point and
+        scratch of a size fixed by the plan: a workspace sized at each
+        call, a result of more than 3 dims, an output given anywhere but
+        last."""
         if self.runner(order, scalars) is None:
             return None
         entry, template, library, workspace = self._direct
@@ -341,7 +344,7 @@ class Plan(_Launches):
         given = bool(order) and order[-1] == out  # the output given: C points at it
         slots = self._slots  # the block's A, B, C (None: the result or the output given) and extra operands
         shape = self.layout.result_shape
-        if workspace != 0 or len(shape) not in (2, 3) or slots[2] is not None \
+        if workspace is None or len(shape) not in (2, 3) or slots[2] is not None \
                 or slots[:2] + slots[3:] + ((out,) if given else ()) != tuple(order):
             return None
         block = bound_gemm_args(template, (0,) * len(slots), scalars, ())
@@ -350,7 +353,7 @@ class Plan(_Launches):
         block.extra = None
         return NativeLaunch(ctypes.cast(entry, ctypes.c_void_p).value, library.last_error_address, bytes(block),
                             extra, *shape[-2:], self.layout.result_dtype, library.check,
-                            shape[0] if len(shape) == 3 else 0, given)
+                            shape[0] if len(shape) == 3 else 0, given, workspace, self.target.zeroes_workspace)
 
     def matches(self, arrays: dict) -> bool:
         """Whether `arrays` are what the plan was made for: their specs and

@@ -10,8 +10,8 @@ wants a gradient), its `LinearPlans` hands their launches
 (`Plan.native_launch`) to a C++ `Plans`, which runs later calls like it, and
 their backward, without Python. What it has no plan for (a new shape,
 stride, dtype, device, stream or alignment, a traced or mode-wrapped call,
-autocast, a plan with a workspace) goes the Python way, which is the same
-kernels and rules.
+autocast, a plan whose scratch is sized per call) goes the Python way,
+which is the same kernels and rules.
 
 The core's plain calls on tensors (`dispatcher.gemm(a, b)`, `matmul(a, b)`),
 `matmul`'s batched calls and those with a fused bias and activation, and held plans
@@ -235,4 +235,4 @@ def _launch(key):
 def _spec(found) -> tuple:
     """A `plans.NativeLaunch` as the module takes it (native_linear.cpp `launch_of`)."""
     return (found.entry, found.last_error, found.block, found.extra, found.rows, found.cols,
-            torch_types()[1][found.dtype], found.batch)
+            torch_types()[1][found.dtype], found.batch, found.workspace, found.zeroed)

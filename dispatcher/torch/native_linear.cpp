@@ -47,6 +47,8 @@ struct Launch {
     std::array<dispatcher_operand, kMaxExtra> extra{};  // the extra operands' strides; data per call
     int64_t batch = 0, rows = 0, cols = 0;  // batch 0: a 2-D result
     at::ScalarType out = at::kFloat;
+    int64_t workspace = 0;  // scratch bytes each call needs (a stream-K or split-K kernel's partials)
+    bool zeroed = false;    // whether they must be zeroed first (the target's `zeroes_workspace`)
 
     // c = a @ b (+ the bias, extra operand 0): into `into` where given (checked
     // by the caller: `fits_out`), else a new (rows x cols, or batch x rows x
@@ -66,6 +68,16 @@ struct Launch {
             operands[0].data = bias->data_ptr();
             args.extra = operands.data();
         }
+        // Scratch from torch's allocator, on the current stream as the kernel: released when
+        // this returns, it is reused only by work queued after the kernel on that stream (and
+        // under graph capture it comes from the graph's own pool), so calls never share it.
+        at::Tensor scratch;
+        if (workspace > 0) {
+            const auto bytes = a.options().dtype(at::kByte);
+            scratch = zeroed ? at::zeros({workspace}, bytes) : at::empty({workspace}, bytes);
+            args.workspace = scratch.data_ptr();
+            args.workspace_bytes = workspace;
+        }
         int status;
         if (PyGILState_Check()) {  // a forward from Python: other Python threads run meanwhile, as
             py::gil_scoped_release unlocked;  // during a ctypes call
@@ -82,7 +94,8 @@ struct Launch {
 
 // A Python launch description: (entry address, last-error address, argument
 // block bytes, extra operands' (row, col, batch) strides, rows, cols, output
-// dtype, batch: the leading dim of a 3-D result, 0 for a 2-D one). The
+// dtype, batch: the leading dim of a 3-D result, 0 for a 2-D one, scratch
+// bytes per call, whether they are zeroed first). The
 // addresses stay valid: a kernel library, once loaded, is never unloaded.
 Launch launch_of(const py::tuple& spec) {
     Launch l;
@@ -101,12 +114,16 @@ Launch launch_of(const py::tuple& spec) {
     l.block.a = l.block.b = nullptr;
     l.block.c = nullptr;
     l.block.extra = nullptr;
-    if (l.block.param_count != 0 || l.block.workspace_bytes != 0)
-        throw std::invalid_argument("a launch with parameters or a workspace is not planned natively");
+    if (l.block.param_count != 0)
+        throw std::invalid_argument("a launch with parameters is not planned natively");
     l.rows = spec[4].cast<int64_t>();
     l.cols = spec[5].cast<int64_t>();
     l.out = py::reinterpret_borrow<py::object>(spec[6]).cast<at::ScalarType>();
     l.batch = spec[7].cast<int64_t>();
+    l.workspace = spec[8].cast<int64_t>();
+    l.zeroed = spec[9].cast<bool>();
+    l.block.workspace = nullptr;
+    l.block.workspace_bytes = 0;
     return l;
 }
 
