@@ -21,7 +21,8 @@ alternating rounds, CUDA events around each step, medians of --repeat
 steps after warm-up. The figure is the ratio nn.Linear time / dispatcher
 time (above 1: the dispatcher is faster). Writes torch_mlp.json (machine,
 GPU, versions, command, per-mode times, ratios, TFLOP/s, the outputs'
-agreement) and torch_mlp.png (needs matplotlib; else `--plot JSON` draws
+agreement) and torch_mlp.png (--grid: torch_mlp_grid.json and .png, a heat map
+per mode; needs matplotlib, else `--plot JSON` draws
 it later where matplotlib is).
 
 Kernels: the selection for each of the six GEMMs (per layer: rcr forward,
@@ -42,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import dispatcher.torch as dt
@@ -266,6 +268,35 @@ def plot(result: dict, path: Path):
     fig.savefig(path, dpi=110)
 
 
+def plot_grid(result: dict, path: Path):
+    """One heat map per mode: d by tokens, each cell's ratio and what limits
+    the dispatcher's step there (host or kernels)."""
+    plt = pyplot(path, f"; draw it elsewhere with --plot {path.with_suffix('.json')}")
+    if plt is None:
+        return
+    cells = result["cells"]
+    modes = list(cells[0]["modes"])
+    ds, tokens = sorted({c["d"] for c in cells}), sorted({c["tokens"] for c in cells})
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.8), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        ratios = np.full((len(ds), len(tokens)), np.nan)
+        for c in cells:
+            row = c["modes"][mode]
+            i, j = ds.index(c["d"]), tokens.index(c["tokens"])
+            ratios[i, j] = row["ratio"]
+            ax.text(j, i, f"{row['ratio']:.2f}\n{row['dispatcher_limited_by']}", ha="center", va="center", fontsize=8)
+        ax.imshow(ratios, cmap="RdYlGn", vmin=0.5, vmax=1.5)
+        ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+        ax.set_yticks(range(len(ds)), [str(d) for d in ds])
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("d (hidden 2.75 d)")
+        ax.set_title(mode, fontsize=9)
+    fig.suptitle(f"MLP block, bf16, {result['environment'].get('gpu', 'cpu')}: nn.Linear GPU time / "
+                 "dispatcher.torch.Linear GPU time", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=int, default=4096)
@@ -292,11 +323,14 @@ def main():
             ap.error(f"unknown mode(s) {', '.join(sorted(unknown))}; modes: {', '.join(GRID_MODES)}")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "torch_mlp_grid.json").write_text(json.dumps(grid(args), indent=1))
+        result = grid(args)
+        (out / "torch_mlp_grid.json").write_text(json.dumps(result, indent=1))
+        plot_grid(result, out / "torch_mlp_grid.png")
         return
     if args.plot:
         path = Path(args.plot)
-        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        result = json.loads(path.read_text())
+        (plot_grid if "cells" in result else plot)(result, path.with_suffix(".png"))
         return
     if args.smoke:
         device, backend = torch.device("cpu"), "aot_eager"
