@@ -1,6 +1,6 @@
 """The cuda target on an H200: what a user gets, as ratios to torch in the same run.
 
-    python benchmarks/cuda_gemm.py [--repeat 20] [--only regular,stream_k,fp8,grouped,overhead,random] [--out DIR]
+    python benchmarks/cuda_gemm.py [--repeat 20] [--only regular,stream_k,fp8,grouped,overhead,random,mlp] [--out DIR]
 
 Build the catalogs first (`gemm-dispatcher prebuild --target cuda --dtype bf16`, and
 `--variant regular --dtype fp8_e4m3` for the fp8 part), or every first call compiles.
@@ -24,7 +24,10 @@ autotune has run (`timed_rounds`):
 bf16 rcr (B is the transpose of an (N, K) matrix, as in a linear layer).
 Shapes: the `gpu` section of ../shared/bench/shapes.json ($GEMM_SHAPES); the
 `random` part (not in the default --only) draws 50 held-out shapes
-(`random_shapes`) and reports torch, default and best of catalog. Each row
+(`random_shapes`) and reports torch, default and best of catalog; the `mlp`
+part (not in the default --only either) does the same for the GEMMs of
+torch_mlp.py's grid in their layouts (rcr forward, rrr dX, crr dW), which
+says per GEMM whether the selection or the kernels limit a cell. Each row
 keeps every catalog kernel's time (`catalog_us`) and the regret (default /
 best of catalog), summarized over the corpus and the random shapes.
 """
@@ -72,11 +75,15 @@ def timed_rounds(fns: dict, timing) -> dict:
                             timer=lambda fn, options: measure_cuda(fn, options, stream=stream))
 
 
-def operands(m, n, k, dtype=torch.bfloat16, seed=0):
+def operands(m, n, k, dtype=torch.bfloat16, seed=0, layout="rcr"):
+    """a (m x k) and b (k x n) stored as `layout` says (r: row-major, c:
+    column-major, a transposed view): rcr is a linear layer's forward
+    (x @ W^T), rrr its dX (dY @ W), crr its dW (dY^T @ X)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    a = (torch.rand(m, k, generator=g, device="cuda") - 0.5).to(dtype)
-    bt = (torch.rand(n, k, generator=g, device="cuda") - 0.5).to(dtype)
-    return a, bt.t()
+    new = lambda rows, cols, order: (  # noqa: E731
+        (torch.rand(rows, cols, generator=g, device="cuda") - 0.5).to(dtype) if order == "r"
+        else (torch.rand(cols, rows, generator=g, device="cuda") - 0.5).to(dtype).t())
+    return new(m, k, layout[0]), new(k, n, layout[1])
 
 
 def fresh(tuning_dir=None) -> Dispatcher:
@@ -223,13 +230,26 @@ def random_shapes(count: int = RANDOM_COUNT, seed: int = RANDOM_SEED) -> list:
             for _ in range(count)]
 
 
-def bench_random(timing, seed: int = RANDOM_SEED) -> list:
-    """Per random shape (`random_shapes` of `seed`): torch, the default
-    kernel and every catalog kernel (no autotune column: regret is default
-    / best of catalog)."""
+def mlp_gemms() -> list:
+    """(M, N, K, layout) of the GEMMs of torch_mlp.py's grid, each once: per
+    cell (d, hidden 2.75 d, tokens) each layer's forward (rcr), dX (rrr)
+    and dW (crr)."""
+    from torch_mlp import GRID_D, GRID_TOKENS, gemm_problems, grid_hidden
+    found = {}
+    for d in GRID_D:
+        for tokens in GRID_TOKENS:
+            for p in gemm_problems(d, grid_hidden(d), tokens, "cuda").values():
+                found[(p.m, p.n, p.k, p.layout)] = None
+    return list(found)
+
+
+def bench_catalog(cases, label: str, timing) -> list:
+    """Per case (M, N, K, layout): torch, the default kernel and every
+    catalog kernel (no autotune column: regret is default / best of
+    catalog), bf16."""
     rows = []
-    for m, n, k in random_shapes(seed=seed):
-        a, b = operands(m, n, k)
+    for m, n, k, layout in cases:
+        a, b = operands(m, n, k, layout=layout)
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         t_torch = timed(lambda: torch.matmul(a, b, out=out), timing)
         d = fresh()
@@ -242,14 +262,20 @@ def bench_random(timing, seed: int = RANDOM_SEED) -> list:
         problem, ops, _ = prepare_gemm(*session.arrays, variant="regular", target="cuda",
                                        memory=session.memory, allocate=session.empty)
         t_best, best_name, catalog_us, default_kernel_us = best_of_catalog(d, problem, ops, timing, chosen_config)
-        rows.append(dict(M=m, N=n, K=k, torch_us=t_torch * 1e6, default_us=t_default * 1e6, best_us=t_best * 1e6,
-                         default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
+        rows.append(dict(M=m, N=n, K=k, layout=layout, torch_us=t_torch * 1e6, default_us=t_default * 1e6,
+                         best_us=t_best * 1e6, default_kernel=chosen, best_kernel=best_name, catalog_us=catalog_us,
                          default_kernel_us=default_kernel_us, regret=regret(default_kernel_us, t_best),
                          default_vs_torch=t_torch / t_default,
                          best_vs_torch=t_torch / t_best))
-        print(f"random {m}x{n}x{k}: default {rows[-1]['default_vs_torch']:.3f} best {rows[-1]['best_vs_torch']:.3f} "
-              f"regret {rows[-1]['regret']:.3f} ({chosen} / {best_name})", flush=True)
+        print(f"{label} {m}x{n}x{k} {layout}: default {rows[-1]['default_vs_torch']:.3f} "
+              f"best {rows[-1]['best_vs_torch']:.3f} regret {rows[-1]['regret']:.3f} ({chosen} / {best_name})",
+              flush=True)
     return rows
+
+
+def bench_random(timing, seed: int = RANDOM_SEED) -> list:
+    """`bench_catalog` of the random shapes (`random_shapes` of `seed`), rcr."""
+    return bench_catalog([(m, n, k, "rcr") for m, n, k in random_shapes(seed=seed)], "random", timing)
 
 
 def moe_case(case):
@@ -341,14 +367,16 @@ def plot(result, path):
     plt = pyplot(path)
     if plt is None:
         return
-    parts = [p for p in ("regular", "unaligned", "skinny", "stream_k", "fp8", "grouped", "random") if result.get(p)]
+    parts = [p for p in ("regular", "unaligned", "skinny", "stream_k", "fp8", "grouped", "random", "mlp")
+             if result.get(p)]
     if not parts:
         return
-    fig, axes = plt.subplots(1, len(parts), figsize=(4.2 * len(parts) + (6 if "random" in parts else 0), 4.5),
+    fig, axes = plt.subplots(1, len(parts), figsize=(4.2 * len(parts) + 6 * len({"random", "mlp"} & set(parts)), 4.5),
                              squeeze=False)
     for ax, part in zip(axes[0], parts):
         rows = result[part]
-        names = [r.get("case") or f"{r['M']}x{r['N']}x{r['K']}" for r in rows]
+        names = [r.get("case") or f"{r['M']}x{r['N']}x{r['K']}{' ' + r['layout'] if 'layout' in r else ''}"
+                 for r in rows]
         columns = [(label, key) for label, key in (("default", "default_vs_torch"), ("autotune", "autotune_vs_torch"),
                                                    ("best of catalog", "best_vs_torch")) if key in rows[0]]
         for i, (label, key) in enumerate(columns):  # random rows have no autotune column
@@ -372,10 +400,12 @@ def summarize(result) -> dict:
                 values = [r[f"{column}_vs_torch"] for r in rows]
                 summary[f"{part}_{column}_geomean"] = geomean(values)
                 summary[f"{part}_{column}_min"] = min(values)
-    if result.get("random"):
-        for column in ("default", "best"):
-            values = [r[f"{column}_vs_torch"] for r in result["random"]]
-            summary[f"random_{column}_geomean"], summary[f"random_{column}_min"] = geomean(values), min(values)
+    for part in ("random", "mlp"):
+        for column in ("default", "best") if result.get(part) else ():
+            values = [r[f"{column}_vs_torch"] for r in result[part]]
+            summary[f"{part}_{column}_geomean"], summary[f"{part}_{column}_min"] = geomean(values), min(values)
+    if result.get("mlp"):  # that part's own: its shapes are not rcr, and one is a tuned problem in some layouts
+        summary["mlp_regret_geomean"] = geomean(r["regret"] for r in result["mlp"] if r["regret"] == r["regret"])
     held_out = [r for p in ("regular", "unaligned", "skinny", "random") for r in result.get(p, [])
                 if r.get("regret", float("nan")) == r.get("regret")]
     if held_out:  # default kernel time / best catalog kernel time, over the gpu corpus and the random shapes
@@ -434,6 +464,8 @@ def main():
             result["grouped"] = bench_grouped(corpus["grouped"], timing, tmp)
         elif part == "random":
             result["random"] = bench_random(timing, args.seed)
+        elif part == "mlp":
+            result["mlp"] = bench_catalog(mlp_gemms(), "mlp", timing)
         elif part == "overhead":
             decode = next(c for c in corpus["grouped"] if "decode" in c["name"])
             result["per_call"] = bench_overhead(decode)

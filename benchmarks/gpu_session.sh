@@ -74,7 +74,9 @@ for step in "$@"; do
     # catalog_hybrid.json: those and its cooperative kernels in the hybrid decomposition, BUILD_SET=hybrid;
     # catalog_bias_gelu.json: the catalog with a fused column bias and GELU, timed on that fused problem
     # (regular specs only: TUNE_SPECS="regular:bf16:rcr:cuda_tuning_grid ..."; stream_k has no epilogue);
-    # grid cuda_tuning_grid_mid: mid-size shapes between the main grid's powers of two); TUNE_KEEP=1
+    # grid cuda_tuning_grid_mid: mid-size shapes between the main grid's powers of two; cuda_tuning_mlp:
+    # torch_mlp.py's grid's forward (rcr) and dX (rrr) GEMMs, tokens x out x in, and cuda_tuning_mlp_dw its
+    # dW (crr) GEMMs, out x in x tokens); TUNE_KEEP=1
     # adds to the database of an earlier tune step on the same machine (sweeps split over calls)
     tune) [ -n "${TUNE_KEEP:-}" ] || rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
           for spec in ${TUNE_SPECS:-regular:bf16:rcr:cuda_tuning_grid regular:bf16:rrr:cuda_tuning_grid stream_k:bf16:rcr:cuda_tuning_grid_stream_k}; do
