@@ -1004,8 +1004,29 @@ template <class M, class V, class Acc>
 void vector_products(const typename M::storage* matrix, int64_t ld, bool along_k,
                      const typename V::storage* vector, int64_t v_stride, int64_t k, int64_t count,
                      Acc* __restrict out) {
-    if (along_k) {  // one dot product a line
-        for (int64_t line = 0; line < count; ++line) {
+    if (along_k) {
+        // One dot product a line, four lines at a time: four independent sums
+        // (one sum's chain of multiply-adds waits on each one's latency: 4096 x 1
+        // x 4096 fp32 ran at 0.70-0.78x OpenBLAS on a 2-core AVX2 EPYC, 0.95-1.09x
+        // this way), and each element of the vector loaded once for four lines.
+        int64_t line = 0;
+        for (; line + 4 <= count; line += 4) {
+            const auto* __restrict x0 = matrix + line * ld;
+            const auto* __restrict x1 = x0 + ld;
+            const auto* __restrict x2 = x1 + ld;
+            const auto* __restrict x3 = x2 + ld;
+            Acc s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int64_t i = 0; i < k; ++i) {
+                const Acc v = V::load(vector[i * v_stride]);
+                s0 += M::load(x0[i]) * v;
+                s1 += M::load(x1[i]) * v;
+                s2 += M::load(x2[i]) * v;
+                s3 += M::load(x3[i]) * v;
+            }
+            out[line] = s0, out[line + 1] = s1, out[line + 2] = s2, out[line + 3] = s3;
+        }
+        for (; line < count; ++line) {
             const auto* __restrict x = matrix + line * ld;
             Acc sum = 0;
 #pragma omp simd reduction(+ : sum)
