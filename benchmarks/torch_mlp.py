@@ -166,7 +166,7 @@ def grid(args) -> dict:
         h = grid_hidden(d)
         for tokens in GRID_TOKENS:
             base = mlp(d, h, device, dtype)
-            models = {"nn.Linear": base, "dispatcher": dt.swap_linears(copy.deepcopy(base))}
+            models = {"nn.Linear": base, "dispatcher": dt.swap_linears(copy.deepcopy(base), autotune=args.autotune)}
             gen = torch.Generator(device=device).manual_seed(1)
             x = torch.randn(tokens, d, generator=gen, device=device, dtype=dtype)
             grad = torch.randn(tokens, d, generator=gen, device=device, dtype=dtype)
@@ -192,7 +192,7 @@ def grid(args) -> dict:
             cells.append(cell)
             del models, base
             torch.cuda.empty_cache()
-    return {"environment": versions(device), "cells": cells,
+    return {"environment": versions(device), "cells": cells, "autotune": args.autotune,
             "timing": {"repeat": args.repeat, "warmup": args.warmup, "statistic": "median",
                        "ratio": "nn.Linear GPU ms / dispatcher GPU ms (above 1: the dispatcher is faster)"}}
 
