@@ -222,6 +222,8 @@ RANDOM_COUNT = 50
 # A second draw, for a rule of selection that the first one's times helped
 # choose (`--seed 20261207`: fitted_times' reach and kept kernels).
 HELD_OUT_SEED = 20261207
+# A third draw, held out from the work term of fitted_times (added after the second's run).
+WORK_TERM_SEED = 20261208
 
 
 def random_shapes(count: int = RANDOM_COUNT, seed: int = RANDOM_SEED) -> list:

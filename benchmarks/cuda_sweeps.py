@@ -189,17 +189,18 @@ def torch_test_configs() -> list:
 def default_configs() -> list:
     """What benchmarks/cuda_gemm.py's default column runs: the kernels a
     fresh install selects, the shipped winners first, for its bf16 rcr
-    corpus (regular, unaligned, skinny, stream_k), its random shapes (both draws) and
+    corpus (regular, unaligned, skinny, stream_k), its random shapes (all three draws) and
     its fp8 squares (sm_90a: $DISPATCHER_CUDA_ARCH, else 90a without a GPU).
     Built ahead, no first call of the benchmark compiles."""
     from common import load_shapes
-    from cuda_gemm import HELD_OUT_SEED, fresh, random_shapes
+    from cuda_gemm import HELD_OUT_SEED, WORK_TERM_SEED, fresh, random_shapes
 
     d = fresh()
     rcr = lambda m, n, k, t="bf16": {"a": ((m, k), (k, 1), t), "b": ((k, n), (1, k), t)}  # noqa: E731
     corpus = load_shapes()["gpu"]
     plain = [(rcr(*s), {}) for part in ("regular", "unaligned", "skinny") for s in corpus[part]]
-    plain += [(rcr(*s), {}) for s in random_shapes() + random_shapes(seed=HELD_OUT_SEED)]
+    plain += [(rcr(*s), {}) for seed in (None, HELD_OUT_SEED, WORK_TERM_SEED)
+              for s in (random_shapes(seed=seed) if seed else random_shapes())]
     fp8 = [(rcr(*s, "fp8_e4m3"), {"out_dtype": "bf16"}) for s in corpus["regular"]
            if min(s) >= 4096 and s[0] == s[1] == s[2]]
     stream_k = [(rcr(*s), {}) for s in corpus["stream_k"]]

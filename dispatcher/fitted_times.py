@@ -13,20 +13,33 @@ choose the guards below): default kernel over the catalog's best, geomean
 1.53 for the nearest tuned problems with NVIDIA's model beyond them. That model put split-K first on few-tile problems
 (86x95x268 ran 1.53x slower than the best): it expects hundreds of
 microseconds for one CTA of 128x128x6060, where the GPU takes tens.
+The work term (e below) was added after the GPU confirmed the fits on a
+second draw of 50 (regret 1.033, worst 1.165); replayed on both draws and
+the corpus (benchmarks/results/cuda_gemm_*_h100_47d1411.json, 110 shapes),
+it gives 1.021 and worst 1.19 on the 102 whose pick those runs timed,
+against 1.028 and 1.17, and 64x4096x4096 1.00 against 1.17; 8 picks are
+hybrid kernels those runs did not time.
 
 The model of one kernel (its tile, cluster, schedule and split are fixed,
 so only the problem varies):
 
-    time = a + waves * (b + c * k_tiles) + d * partial_megabytes
+    time = a + waves * (b + c * k_tiles) + d * partial_megabytes + e * work
 
 waves: the work items (output tiles as the target launches them,
 `launched_tiles`, times the variant's `k_splits`) over the target's
 workers, rounded up unless the variant shares its last wave out; k_tiles:
 the K tiles one work item computes; partial_megabytes: the fp32 partial
-sums a split kernel writes and reads back. a is the launch and prologue, b
-a work item's fixed cost (its epilogue, scheduling), c a K tile's, d the
-reduction's. Coefficients are fitted by least squares on relative error
-and kept non-negative (every subset of them is tried: four unknowns); a
+sums a split kernel writes and reads back; work: the work items times
+their K tiles over the workers, unrounded. a is the launch and prologue,
+b a work item's fixed cost (its epilogue, scheduling), c a K tile's, d
+the reduction's; e is what a K tile costs for the memory all work items
+share: where one wave holds every tile (M = 64, N up to 8192 on 64x64
+tiles), waves and K tiles do not change with N, but the bytes streamed do,
+and so does the time (64x2048x2048 10.7 us, 64x8192x2048 21.9 us on the
+H100; without e the fits put tree split-K first on 64x4096x4096, 1.17x
+slower than the best). Coefficients are fitted by least squares on
+relative error and kept non-negative (every subset of them is tried: five
+unknowns); a
 kernel measured at fewer than `MIN_PROBLEMS` problems gets no fit, and
 neither does a database of winners only (autotune's rows, an old export):
 a kernel's times there are where it won, no curve to compare.
@@ -63,7 +76,7 @@ REACH = 2.0
 class FittedKernel:
     """One kernel's fitted time model (module docstring)."""
     config: object
-    coefficients: tuple  # (a, b, c, d) in milliseconds
+    coefficients: tuple  # (a, b, c, d, e) in milliseconds
     problems: int  # the tuned problems it was fitted to
     error: float  # the fit's mean relative error on them
     low: tuple  # the tuning sizes it answers for (module docstring), each from low to high
@@ -78,12 +91,16 @@ class FittedKernel:
 
 
 def features(problem, config, record) -> tuple:
-    """(1, waves, waves * k_tiles, partial megabytes) of `config` on `problem`."""
-    waves, splits = work_waves(targets.get(config.target).launched_tiles(problem, config), config, record)
+    """(1, waves, waves * k_tiles, partial megabytes, work) of `config` on
+    `problem` (module docstring)."""
+    target = targets.get(config.target)
+    tiles = target.launched_tiles(problem, config)
+    waves, splits = work_waves(tiles, config, record)
     k = max(k for _, _, k in problem.shapes)
     k_tiles = math.ceil(math.ceil(k / config.tile_k) / splits)
     partial = sum(m * n for m, n, _ in problem.shapes) * splits * 4e-6 if splits > 1 else 0.0
-    return (1.0, waves, waves * k_tiles, partial)
+    work = tiles * splits * k_tiles / target.parallelism(config)
+    return (1.0, waves, waves * k_tiles, partial, work)
 
 
 def fit(samples, record) -> dict:
