@@ -10,8 +10,9 @@ benchmarks/results/cuda_gemm_random_h100_7baa014.json; the fits saw the
 shipped sweeps' 86 grid problems, not these shapes, but these shapes helped
 choose the guards below): default kernel over the catalog's best, geomean
 1.027 and worst 1.16 on the 55 whose pick that run timed, against 1.066 and
-1.53 for the nearest tuned problems with NVIDIA's model beyond them. That model put split-K first on few-tile problems
-(86x95x268 ran 1.53x slower than the best): it expects hundreds of
+1.53 for the nearest tuned problems with NVIDIA's model beyond them.
+That model put split-K first on few-tile problems (86x95x268 ran 1.53x
+slower than the best): it expects hundreds of
 microseconds for one CTA of 128x128x6060, where the GPU takes tens.
 The work term (e below) was added after the GPU confirmed the fits on a
 second draw of 50 (regret 1.033, worst 1.165); replayed on both draws and
@@ -39,10 +40,9 @@ and so does the time (64x2048x2048 10.7 us, 64x8192x2048 21.9 us on the
 H100; without e the fits put tree split-K first on 64x4096x4096, 1.17x
 slower than the best). Coefficients are fitted by least squares on
 relative error and kept non-negative (every subset of them is tried: five
-unknowns); a
-kernel measured at fewer than `MIN_PROBLEMS` problems gets no fit, and
-neither does a database of winners only (autotune's rows, an old export):
-a kernel's times there are where it won, no curve to compare.
+unknowns); a kernel measured at fewer than `MIN_PROBLEMS` problems gets no
+fit, and neither does a database of winners only (autotune's rows, an old
+export): a kernel's times there are where it won, no curve to compare.
 
 A fit answers only within its kernel's measured sizes, a factor of 2
 beyond them (past the database's own range, where every kernel's fit
