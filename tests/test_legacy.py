@@ -218,6 +218,8 @@ def test_migrate_names_maps_on_any_machine_and_says_what_builds_here(tmp_path, c
             assert buildable == "yes"
 
 
+# slow (15 s: the legacy driver end to end, with builds); CI runs it in its slow step
+@pytest.mark.slow
 def test_legacy_driver_writes_legacy_outputs(tmp_path):
     cfg = tmp_path / "legacy.json"
     cfg.write_text(json.dumps({"tile_config": {"tile_m": {"values": [32]}, "tile_n": {"values": [64]},

@@ -122,6 +122,8 @@ def faulty_env(tmp_path):
                            "faulty_gemm", "faulty_gemm.plugin")
 
 
+# slow (15 s: it waits out a hung worker's timeout); CI runs it in its slow step
+@pytest.mark.slow
 def test_crash_hang_and_wrong_kernels_fail_their_rows_only(tmp_path, faulty_env):
     out = tmp_path / "out"
     proc = sweep_cli(tmp_path, {"behaviour": {"values": ["ok", "segfault", "hang", "wrong"]},
