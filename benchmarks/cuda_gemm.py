@@ -245,11 +245,13 @@ def mlp_gemms() -> list:
     return list(found)
 
 
-def bench_catalog(cases, label: str, timing) -> list:
+def bench_catalog(cases, label: str, timing, rows=None, after_each=lambda: None) -> list:
     """Per case (M, N, K, layout): torch, the default kernel and every
     catalog kernel (no autotune column: regret is default / best of
-    catalog), bf16."""
-    rows = []
+    catalog), bf16; each row appended to `rows` (a new list by default),
+    then `after_each()` (main's save: a run stopped by its time limit keeps
+    the rows it measured)."""
+    rows = [] if rows is None else rows
     for m, n, k, layout in cases:
         a, b = operands(m, n, k, layout=layout)
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -272,12 +274,13 @@ def bench_catalog(cases, label: str, timing) -> list:
         print(f"{label} {m}x{n}x{k} {layout}: default {rows[-1]['default_vs_torch']:.3f} "
               f"best {rows[-1]['best_vs_torch']:.3f} regret {rows[-1]['regret']:.3f} ({chosen} / {best_name})",
               flush=True)
+        after_each()
     return rows
 
 
-def bench_random(timing, seed: int = RANDOM_SEED) -> list:
+def bench_random(timing, seed: int = RANDOM_SEED, **kw) -> list:
     """`bench_catalog` of the random shapes (`random_shapes` of `seed`), rcr."""
-    return bench_catalog([(m, n, k, "rcr") for m, n, k in random_shapes(seed=seed)], "random", timing)
+    return bench_catalog([(m, n, k, "rcr") for m, n, k in random_shapes(seed=seed)], "random", timing, **kw)
 
 
 def moe_case(case):
@@ -451,7 +454,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def save():  # after every part, so a run stopped early keeps what it measured
+    def save():  # after every part (and every row of random and mlp): a run stopped early keeps what it measured
         result["summary"] = summarize(result)
         (out / "cuda_gemm.json").write_text(json.dumps(result, indent=1, default=str))
 
@@ -465,9 +468,9 @@ def main():
         elif part == "grouped":
             result["grouped"] = bench_grouped(corpus["grouped"], timing, tmp)
         elif part == "random":
-            result["random"] = bench_random(timing, args.seed)
+            bench_random(timing, args.seed, rows=result.setdefault("random", []), after_each=save)
         elif part == "mlp":
-            result["mlp"] = bench_catalog(mlp_gemms(), "mlp", timing)
+            bench_catalog(mlp_gemms(), "mlp", timing, rows=result.setdefault("mlp", []), after_each=save)
         elif part == "overhead":
             decode = next(c for c in corpus["grouped"] if "decode" in c["name"])
             result["per_call"] = bench_overhead(decode)
