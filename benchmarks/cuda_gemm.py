@@ -237,12 +237,8 @@ def mlp_gemms() -> list:
     cell (d, hidden 2.75 d, tokens) each layer's forward (rcr), dX (rrr)
     and dW (crr)."""
     from torch_mlp import GRID_D, GRID_TOKENS, gemm_problems, grid_hidden
-    found = {}
-    for d in GRID_D:
-        for tokens in GRID_TOKENS:
-            for p in gemm_problems(d, grid_hidden(d), tokens, "cuda").values():
-                found[(p.m, p.n, p.k, p.layout)] = None
-    return list(found)
+    return list(dict.fromkeys((p.m, p.n, p.k, p.layout) for d in GRID_D for tokens in GRID_TOKENS
+                              for p in gemm_problems(d, grid_hidden(d), tokens, "cuda").values()))
 
 
 def bench_catalog(cases, label: str, timing, rows=None, after_each=lambda: None) -> list:

@@ -357,7 +357,7 @@ class TuningDatabase:
             # kernels kept at a near tuned problem (an export drops the much slower: `EXPORT_WITHIN`),
             # or every fitted one where none is near
             kept = {name for (s, _), (_, times) in measured.items() if s == shipped for name in times}
-            found = self._fitted_winner(problem, record, rows, bool(shipped), kept)
+            found = self._fitted_winner(problem, record, key, sizes, rows, bool(shipped), kept)
             if found is not None:
                 return found
         # the nearest of the nearest one's kind (own before shipped where as near), nearest first
@@ -398,10 +398,11 @@ class TuningDatabase:
         note = f"its target's change for a neighbour's kernel ({measured_as})" if measured_as != name else ""
         return Winner(config, pool[0][1], bool(shipped), False, adapted=note, neighbours=count)
 
-    def _fitted_winner(self, problem, record, rows, shipped: bool, kept: set) -> "Winner | None":
-        """The kernel of least fitted time on `problem` (`fitted_times`) of
-        those fitted to `rows` ((sizes, config text, ms), ...) that take it
-        and are in `kept` (all, where it is empty), run as its target
+    def _fitted_winner(self, problem, record, key, sizes, rows, shipped: bool, kept: set) -> "Winner | None":
+        """The kernel of least fitted time on `problem` (`key`, `sizes`: its
+        `problem_key`, which the caller has; `fitted_times`) of those fitted
+        to `rows` ((sizes, config text, ms), ...) that take it and are in
+        `kept` (all, where it is empty), run as its target
         carries it over from the tuned problems (`_carried_over`: cuda drops
         a swizzle, which pays off only on the tile grid it was measured on;
         a fitted twin of that kernel competes as itself); or None where none
@@ -412,7 +413,6 @@ class TuningDatabase:
         template = problem.at_tuning_sizes((1, 1, 1))
         if template is None:
             return None  # its kind's tuning sizes do not give a problem back
-        key, sizes = problem_key(problem)
         target = targets.get(problem.target)
         fitted = fitted_kernels(template, record, tuple(rows), _config, target.parallelism_hint())
         candidates = {}  # name -> (the config that runs, its fit)
