@@ -57,6 +57,29 @@ def test_one_output_row_or_column_every_dtype_and_layout(dtype, layout, rng):
         assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 50)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("layout", ["rrr", "rcr"])
+def test_one_tile_row_runs_k_blocks_outermost(dtype, layout, rng):
+    """M within one block tile, several K blocks and column tiles: each thread
+    runs K blocks outermost over its column tiles (tile_gemm.hpp's
+    compute_row_run), in groups of tiles whose accumulators fit
+    kRowRunAccBytes (5773 columns of 64: 91 tiles, groups of 42 on each of two
+    workers), every B block of row-major B packed by rows (pack_b), with
+    partial slivers, a partial last K block and an odd K (a k group of two
+    int8 values half full); alpha and beta with c on the same kernel."""
+    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
+    for (m, n, k), workers in (((20, 5773, 101), 2), ((5, 300, 65), 1), ((24, 200, 64), 4)):
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        out = run_checked(a, b, config=config, options={"workers": workers})
+        assert max_rel(out, reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
+    if dtypes.get(dtype).acc != "int32":  # int32 outputs round: test_reliability.py
+        a, b = random_matrix(9, 70, dtype, layout[0], rng), random_matrix(70, 700, dtype, layout[1], rng)
+        c = random_matrix(9, 700, dtypes.output_for(dtype).token, "r", rng)
+        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=config)
+        assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 70)
+
+
 @pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
 def test_fp8_output_dtype_choice(out_dtype, rng):
     a = random_matrix(45, 33, "fp8_e5m2", "r", rng)

@@ -16,6 +16,10 @@ int run(const dispatcher_gemm_args* args) {
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         dcpu::SharedPackedA<T> shared_a;
         shared_a.pack(P, threads);
+        if (dcpu::runs_k_outermost(P, threads)) {  // one tile row: K blocks outermost
+            dcpu::compute_row_runs<T, Epi>(P, threads);
+            return DISPATCHER_OK;
+        }
         // Contiguous runs of tiles per thread, column by column, so each
         // thread packs a B panel once for all the tiles of its column; threads
         // bound to their cores keep those panels in their own caches. Runs of
