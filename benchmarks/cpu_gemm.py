@@ -1,12 +1,14 @@
 """GEMM on the CPU target vs numpy (OpenBLAS) and torch (oneDNN), per ISA spec.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx512-bf16] [--dtypes fp32,bf16,int8]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cpu_gemm.py [--isas avx512,avx512-bf16] [--dtypes fp32,bf16,int8] [--layouts rrr,rcr]
 
 Shapes: the public corpus's CPU shapes (1024^3 and 2048^3 where it is not
 found), an odd one (257x1031x2049), skinny M (64 and 16 x 4096 x 4096) and a vector times
 a matrix and a matrix times a vector (1 x 4096 x 4096, 4096 x 1 x 4096). Per ISA spec (`DISPATCHER_CPU_ISA`,
 default: this machine's best with all its extensions) a child process with
-a fresh build cache and no tuning database measures, per shape and dtype:
+a fresh build cache and no tuning database measures, per shape, layout
+(`--layouts`: rrr, numpy's `a @ b`, by default; rcr is `x @ W.T`, a Linear's
+forward, with W stored (N, K)) and dtype:
 
 - ours: `dispatcher.gemm`'s default selection (regular variant), all threads;
 - numpy.matmul (OpenBLAS) for fp32, restricted to the spec's base ISA where it
@@ -32,6 +34,7 @@ average before and after) and, where matplotlib imports, a plot.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -106,10 +109,10 @@ def baselines(dtype: str) -> tuple:
 class Problem:
     """One (shape, dtype): its inputs, and a zero-argument call per library."""
 
-    def __init__(self, d: Dispatcher, m: int, n: int, k: int, dtype: str):
-        self.m, self.n, self.k, self.dtype, self.d = m, n, k, dtype, d
+    def __init__(self, d: Dispatcher, m: int, n: int, k: int, dtype: str, layout: str = "rrr"):
+        self.m, self.n, self.k, self.dtype, self.layout, self.d = m, n, k, dtype, layout, d
         rng = np.random.default_rng(0)
-        self.a, self.b = random_matrix(m, k, dtype, "r", rng), random_matrix(k, n, dtype, "r", rng)
+        self.a, self.b = random_matrix(m, k, dtype, layout[0], rng), random_matrix(k, n, dtype, layout[1], rng)
         # out too: the operands point at it, and every launch writes it
         self.problem, self.operands, self.out = prepare_gemm(self.a, self.b, variant="regular", target="cpu")
         self.default = d.select(self.problem)
@@ -143,7 +146,7 @@ class Problem:
 def best_config(p: Problem):
     """The fastest of the default and CONFIGS on a short verified timing."""
     scan = TimingOptions(warmup=1, repeat=3)
-    scanned = [(run_once(p.d, variant="regular", m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout="rrr",
+    scanned = [(run_once(p.d, variant="regular", m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout=p.layout,
                          config=c, timing=scan, verify=True), c)
                for c in [p.default] + [p.d.config_for(p.problem, f) for f in CONFIGS]]
     assert all(r["verified"] for r, _ in scanned), scanned
@@ -156,15 +159,15 @@ def once(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure(libraries: list, sizes: list, dtypes: list, repeat: int, best: bool) -> dict:
-    """{"MxNxK dtype": {contender: GOP/s, "kernel": name}} for the libraries
-    of this process: alone (one library) or alternating (several)."""
+def measure(libraries: list, sizes: list, dtypes: list, layouts: list, repeat: int, best: bool) -> dict:
+    """{"MxNxK dtype layout": {contender: GOP/s, "kernel": name}} for the
+    libraries of this process: alone (one library) or alternating (several)."""
     timing = TimingOptions(warmup=2, repeat=repeat)
     rows = {}
     d = Dispatcher(cache=BuildCache(), tuning=None)  # the run's fresh cache; nothing tuned
-    for m, n, k in sizes:
+    for (m, n, k), layout in itertools.product(sizes, layouts):
         for dtype in dtypes:
-            p = Problem(d, m, n, k, dtype)
+            p = Problem(d, m, n, k, dtype, layout)
             wanted = [lib for lib in libraries if lib == "ours" or lib in baselines(dtype)]
             if not wanted:
                 continue
@@ -183,8 +186,8 @@ def measure(libraries: list, sizes: list, dtypes: list, repeat: int, best: bool)
             elif fast:
                 seconds.update(time_interleaved(fast, timing))
             row.update({name: p.gops(t) for name, t in seconds.items()})
-            rows[f"{m}x{n}x{k} {dtype}"] = row
-            print(f"  {cpu_isa.active().name} {m}x{n}x{k} {dtype}: " +
+            rows[f"{m}x{n}x{k} {dtype} {layout}"] = row
+            print(f"  {cpu_isa.active().name} {m}x{n}x{k} {dtype} {layout}: " +
                   ", ".join(f"{name} {row[name]:.0f}" for name in seconds) + " GOP/s", flush=True)
     return rows
 
@@ -203,7 +206,8 @@ def run_child(spec: str, libraries: list, args, dtypes: list | None = None) -> d
         out = Path(tmp) / "rows.json"
         command = [sys.executable, __file__, "--child", str(out), "--libraries", ",".join(libraries),
                    "--shapes", ",".join("x".join(map(str, s)) for s in args.sizes),
-                   "--dtypes", ",".join(dtypes or args.dtype_list), "--repeat", str(args.repeat)]
+                   "--dtypes", ",".join(dtypes or args.dtype_list), "--layouts", args.layouts,
+                   "--repeat", str(args.repeat)]
         done = subprocess.run(command + (["--best"] if args.best and "ours" in libraries else []), env=env)
         if done.returncode == 0:
             return {**json.loads(out.read_text()), "failed": {}}
@@ -235,13 +239,15 @@ def rows_for(spec: str, args) -> tuple:
     rows = []
     for key in keys:
         measured = together["rows"].get(key, {})
-        (m, n, k), dtype = map(int, key.split()[0].split("x")), key.split()[1]
+        shape, dtype, layout = key.split()
+        m, n, k = map(int, shape.split("x"))
         kernel = measured or alone["ours"].get(key, {})
-        row = {"dtype": dtype, "M": m, "N": n, "K": k, **{f: v for f, v in kernel.items() if "kernel" in f},
+        row = {"dtype": dtype, "layout": layout, "M": m, "N": n, "K": k,
+               **{f: v for f, v in kernel.items() if "kernel" in f},
                "alone": {lib: alone[lib][key][lib] for lib in LIBRARIES if lib in alone[lib].get(key, {})},
                "alternating": {lib: v for lib, v in measured.items() if "kernel" not in lib}}
-        fp32 = {"alternating": together["rows"].get(f"{m}x{n}x{k} fp32", {}).get("ours"),
-                "alone": alone["ours"].get(f"{m}x{n}x{k} fp32", {}).get("ours")}
+        fp32 = {"alternating": together["rows"].get(f"{shape} fp32 {layout}", {}).get("ours"),
+                "alone": alone["ours"].get(f"{shape} fp32 {layout}", {}).get("ours")}
         for mode in MODES:
             if "ours" not in row[mode]:
                 continue
@@ -275,7 +281,7 @@ def plot(results: list, path: Path) -> None:
 
     fig, axes = plt.subplots(len(results), 1, figsize=(11, 3.6 * len(results)), squeeze=False)
     for ax, res in zip(axes[:, 0], results):
-        bars = [(f"{r['dtype']} {r['M']}x{r['N']}x{r['K']}", base, r[f"alternating_vs_{base}"])
+        bars = [(f"{r['dtype']} {r['layout']} {r['M']}x{r['N']}x{r['K']}", base, r[f"alternating_vs_{base}"])
                 for r in res["rows"] for base in ("numpy", "torch") if f"alternating_vs_{base}" in r]
         x = np.arange(len(bars))
         colors = {"numpy": "tab:blue", "torch": "tab:orange"}
@@ -297,6 +303,8 @@ def main():
                     help="comma-separated ISA specs (default: $DISPATCHER_CPU_ISA, else this machine's best)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--shapes", help="MxNxK,... (default: the corpus's CPU shapes, odd and skinny ones)")
+    ap.add_argument("--layouts", default="rrr",
+                    help="A, B and C storage, comma-separated: rrr (numpy's a @ b), rcr (x @ W.T: a Linear's forward), ...")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--best", action="store_true", help="also the best of a few block tiles")
     ap.add_argument("--out", default="cpu_gemm", help="name under benchmarks/results, or a path")
@@ -305,7 +313,8 @@ def main():
     args = ap.parse_args()
     args.sizes, args.dtype_list = shapes(args.shapes), [t for t in args.dtypes.split(",") if t]
     if args.child:
-        rows = measure(args.libraries.split(","), args.sizes, args.dtype_list, args.repeat, args.best)
+        rows = measure(args.libraries.split(","), args.sizes, args.dtype_list, args.layouts.split(","),
+                       args.repeat, args.best)
         Path(args.child).write_text(json.dumps({"rows": rows, "environment": environment()}))
         return
     specs = [cpu_isa.get(s).name for s in args.isas.split(",") if s]
