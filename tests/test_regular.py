@@ -58,13 +58,14 @@ def test_one_output_row_or_column_every_dtype_and_layout(dtype, layout, rng):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize("layout", ["rrr", "rcr"])
+@pytest.mark.parametrize("layout", ["rrr", "rcr", "crr"])
 def test_one_tile_row_runs_k_blocks_outermost(dtype, layout, rng):
     """M within one block tile, several K blocks and column tiles: each thread
     runs K blocks outermost over its column tiles (tile_gemm.hpp's
     compute_row_run), in groups of tiles whose accumulators fit
     kRowRunAccBytes (5773 columns of 64: 91 tiles, groups of 42 on each of two
-    workers), every B block of row-major B packed by rows (pack_b), with
+    workers), row-major B and column-major A packed by rows
+    (pack_slivers_by_rows) and column-major B transposed in registers, with
     partial slivers, a partial last K block and an odd K (a k group of two
     int8 values half full); alpha and beta with c on the same kernel."""
     config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)

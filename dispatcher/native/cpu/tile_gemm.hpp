@@ -625,6 +625,41 @@ bool pack_sliver_along_k(PT* __restrict dst, const typename Codec::storage* src,
     }
 }
 
+// The whole slivers of a block whose lines run along the source's rows
+// (value p of line l of sliver s at src[p * ld + s * R + l]: row-major B,
+// column-major A), their whole k groups packed by rows, kRowBlock of them at
+// a time across the block, so each row's values are read in one pass; the
+// rest of their groups after. Returns how many slivers that is (the caller
+// packs a partial last one). Sliver by sliver, `pack_sliver` reads R values
+// of each of kc rows, ld apart, per sliver: a 4096 x 4096 row-major B read
+// 4 GB/s from memory that way on a 2-core EPYC, where reading by rows gets 20
+// (16 x 4096 x 4096 fp32: 0.73 -> 0.96x OpenBLAS). kRowBlock rows per
+// sliver keep each sliver's stores contiguous (one row per sliver was slower
+// on 512-column blocks).
+template <int R, int KG, class PT, class S, class Pack>
+int pack_slivers_by_rows(unsigned char* out, size_t sliver_bytes, const S* src, int64_t ld, int lines, int kc,
+                         int groups, PT zero, Pack pack) {
+    constexpr int kRowBlock = 8;
+    const int whole = kc / KG, slivers = lines / R;
+    auto at = [&](int p, int s, int l) { return pack(src[p * ld + s * R + l]); };
+    for (int g0 = 0; g0 < whole; g0 += kRowBlock)
+        for (int s = 0; s < slivers; ++s) {
+            PT* dst = reinterpret_cast<PT*>(out + s * sliver_bytes);
+            for (int g = g0; g < std::min(whole, g0 + kRowBlock); ++g)
+#pragma GCC unroll 4
+                for (int q = 0; q < KG; ++q)
+#pragma GCC unroll 16
+                    for (int l = 0; l < R; ++l) dst[(g * R + l) * KG + q] = at(g * KG + q, s, l);
+        }
+    for (int s = 0; s < slivers; ++s) {  // a partial k group, and zero ones up to `groups`
+        PT* dst = reinterpret_cast<PT*>(out + s * sliver_bytes);
+        for (int g = whole; g < groups; ++g)
+            for (int l = 0; l < R; ++l)
+                for (int q = 0; q < KG; ++q) dst[(g * R + l) * KG + q] = g * KG + q < kc ? at(g * KG + q, s, l) : zero;
+    }
+    return slivers;
+}
+
 // A block (mc x kc) at (i0, k0) -> MR-row slivers. A policy with row offsets
 // (dot_ops.hpp) appends each row's: row_offset_scale x the sum of its A values.
 template <class T>
@@ -636,18 +671,21 @@ void pack_a(const Problem<T>& P, int64_t i0, int mc, int64_t k0, int kc, unsigne
     const PA zero = Dot::template pack_a<Codec>(typename Codec::storage{});
     const int64_t lda = P.lda;
     const int slivers = (mc + MR - 1) / MR, groups = int(T::a_groups(kc));
+    auto pack = [](typename Codec::storage v) { return Dot::template pack_a<Codec>(v); };
+    int first = 0;  // the slivers before it are packed by rows
+    if constexpr (!T::a_row)
+        first = pack_slivers_by_rows<MR, KG>(out, T::a_sliver_bytes(kc), P.a + k0 * lda + i0, lda, mc, kc, groups,
+                                             zero, pack);
     for (int s = 0; s < slivers; ++s) {
         PA* dst = reinterpret_cast<PA*>(out + s * T::a_sliver_bytes(kc));
         const int rows = std::min(MR, mc - s * MR);
         if constexpr (T::a_row) {
             const auto* src = P.a + (i0 + s * MR) * lda + k0;
-            auto pack = [](typename Codec::storage v) { return Dot::template pack_a<Codec>(v); };
             if (rows < MR || !pack_sliver_along_k<MR, KG, PA, Codec>(dst, src, lda, kc, groups, pack))
                 pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) { return pack(src[i * lda + p]); });
-        } else {
+        } else if (s >= first) {
             const auto* src = P.a + k0 * lda + i0 + s * MR;
-            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) {
-                return Dot::template pack_a<Codec>(src[p * lda + i]); });
+            pack_sliver<MR, KG>(dst, rows, kc, groups, zero, [&](int i, int p) { return pack(src[p * lda + i]); });
         }
         if constexpr (Dot::row_offset_scale != 0) {
             int32_t offsets[MR];
@@ -671,48 +709,19 @@ void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigne
     const PB zero = Dot::template pack_b<Codec>(typename Codec::storage{});
     const int64_t ldb = P.ldb;
     const int slivers = (nc + NR - 1) / NR, groups = int(T::groups(kc));
+    auto pack = [](typename Codec::storage v) { return Dot::template pack_b<Codec>(v); };
     int first = 0;  // the slivers before it are packed by rows
-    if constexpr (T::b_row) {
-        // Row-major B: the whole k groups of the whole slivers go by rows,
-        // kRowBlock of them at a time across the block, so each row's nc
-        // values are read in one pass. Sliver by sliver, the loop below reads
-        // NR values of each of kc rows, ldb apart, per sliver: packing a
-        // 4096 x 4096 B that way read 4 GB/s from memory on a 2-core EPYC,
-        // where reading by rows gets 20 (16 x 4096 x 4096 fp32: 0.73 -> 0.96x
-        // OpenBLAS). kRowBlock rows per sliver keep each sliver's stores
-        // contiguous (one row per sliver was slower on 512-column blocks).
-        constexpr int kRowBlock = 8;
-        const int whole = kc / KG;
-        first = nc / NR;
-        const auto* src = P.b + k0 * ldb + j0;
-        auto at = [&](int p, int s, int l) { return Dot::template pack_b<Codec>(src[p * ldb + s * NR + l]); };
-        for (int g0 = 0; g0 < whole; g0 += kRowBlock)
-            for (int s = 0; s < first; ++s) {
-                PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
-                for (int g = g0; g < std::min(whole, g0 + kRowBlock); ++g)
-#pragma GCC unroll 4
-                    for (int q = 0; q < KG; ++q)
-#pragma GCC unroll 16
-                        for (int l = 0; l < NR; ++l) dst[(g * NR + l) * KG + q] = at(g * KG + q, s, l);
-            }
-        for (int s = 0; s < first; ++s) {  // a partial k group, and zero ones up to `groups`
-            PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
-            for (int g = whole; g < groups; ++g)
-                for (int l = 0; l < NR; ++l)
-                    for (int q = 0; q < KG; ++q)
-                        dst[(g * NR + l) * KG + q] = g * KG + q < kc ? at(g * KG + q, s, l) : zero;
-        }
-    }
+    if constexpr (T::b_row)
+        first = pack_slivers_by_rows<NR, KG>(out, T::b_sliver_bytes(kc), P.b + k0 * ldb + j0, ldb, nc, kc, groups,
+                                             zero, pack);
     for (int s = first; s < slivers; ++s) {
         PB* dst = reinterpret_cast<PB*>(out + s * T::b_sliver_bytes(kc));
         const int cols = std::min(NR, nc - s * NR);
         if constexpr (T::b_row) {
             const auto* src = P.b + k0 * ldb + j0 + s * NR;
-            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) {
-                return Dot::template pack_b<Codec>(src[p * ldb + j]); });
+            pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) { return pack(src[p * ldb + j]); });
         } else {
             const auto* src = P.b + (j0 + s * NR) * ldb + k0;
-            auto pack = [](typename Codec::storage v) { return Dot::template pack_b<Codec>(v); };
             if (cols < NR || !pack_sliver_along_k<NR, KG, PB, Codec>(dst, src, ldb, kc, groups, pack))
                 pack_sliver<NR, KG>(dst, cols, kc, groups, zero, [&](int j, int p) { return pack(src[j * ldb + p]); });
         }
