@@ -3,8 +3,9 @@
     python benchmarks/selection_replay.py benchmarks/results/cuda_gemm_midsize_h100_ef3555f.json \
         benchmarks/results/cuda_gemm_h100_ef3555f.json
 
-For every bf16 rcr row of `cuda_gemm.py` results (its `catalog_us`: each
-catalog kernel's time on that shape, measured on the GPU), asks this
+For every bf16 row of `cuda_gemm.py` results (its `catalog_us`: each
+catalog kernel's time on that shape, measured on the GPU; rcr, or the
+row's own layout in the `mlp` part), asks this
 checkout's selection, as a fresh install has it (the shipped tuning times,
 no GPU needed), which kernel it would run, and prints that kernel's time
 over the catalog's best: the regret a change to selection gives, before a
@@ -27,7 +28,7 @@ from dispatcher.api import Dispatcher  # noqa: E402
 from dispatcher.problem import GemmProblem  # noqa: E402
 from dispatcher.tuning import TuningDatabase  # noqa: E402
 
-PARTS = ("regular", "unaligned", "skinny", "random")
+PARTS = ("regular", "unaligned", "skinny", "random", "mlp")
 
 
 def measured_rows(paths) -> list:
@@ -37,7 +38,7 @@ def measured_rows(paths) -> list:
         result = json.loads(Path(path).read_text())
         for part in PARTS:
             for row in result.get(part, []):
-                shape = (row["M"], row["N"], row["K"])
+                shape = (row["M"], row["N"], row["K"], row.get("layout", "rcr"))
                 if "catalog_us" in row and shape not in seen:
                     seen.add(shape)
                     rows.append((part, row))
@@ -49,7 +50,8 @@ def replay(rows) -> list:
     d = Dispatcher(tuning=TuningDatabase(Path(tempfile.mkdtemp()) / "tuning.sqlite"))
     out = []
     for part, row in rows:
-        problem = GemmProblem(row["M"], row["N"], row["K"], "bf16", "bf16", "rcr", "regular", "cuda")
+        layout = row.get("layout", "rcr")
+        problem = GemmProblem(row["M"], row["N"], row["K"], "bf16", "bf16", layout, "regular", "cuda")
         found = d.explain(problem)
         chosen = found["chosen"].name
         times = dict(row["catalog_us"])
@@ -59,7 +61,7 @@ def replay(rows) -> list:
         tuned = found["tuned"]
         how = ("model" if not tuned else "exact" if tuned.exact else f"fitted ({tuned.fitted})" if tuned.fitted
                else f"{tuned.neighbours} neighbours")
-        out.append((part, (row["M"], row["N"], row["K"]), chosen, how, regret))
+        out.append((part, (row["M"], row["N"], row["K"]), layout, chosen, how, regret))
     return out
 
 
@@ -69,16 +71,16 @@ def main():
     ap.add_argument("--quiet", action="store_true", help="only the summary")
     args = ap.parse_args()
     picks = replay(measured_rows(args.results))
-    for part, shape, chosen, how, regret in picks:
+    for part, shape, layout, chosen, how, regret in picks:
         if not args.quiet:
             shown = f"{regret:6.3f}" if regret is not None else "   n/a"
-            print(f"{part:9} {'x'.join(map(str, shape)):>18}  {shown}  {how:13} {chosen}")
-    regrets = [p[4] for p in picks if p[4] is not None]
+            print(f"{part:9} {'x'.join(map(str, shape)):>18} {layout}  {shown}  {how:13} {chosen}")
+    regrets = [p[-1] for p in picks if p[-1] is not None]
     missing = len(picks) - len(regrets)
     print(f"{len(regrets)} shapes: regret geomean {geomean(regrets):.4f}, worst {max(regrets):.3f}"
           f"{f'; {missing} picks not timed in those runs' if missing else ''}")
     for part in PARTS:
-        some = [p[4] for p in picks if p[0] == part and p[4] is not None]
+        some = [p[-1] for p in picks if p[0] == part and p[-1] is not None]
         if some:
             print(f"  {part:9} {len(some):3} shapes: geomean {geomean(some):.4f}, worst {max(some):.3f}")
     return 0 if regrets and math.isfinite(geomean(regrets)) else 1
