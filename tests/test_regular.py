@@ -25,6 +25,25 @@ def run_checked(a, b, variant="regular", config=SMALL, **kw):
     return out
 
 
+def check_small_config(dtype, layout, cases, scaled, rng):
+    """The SMALL config of `dtype` and `layout` on each ((m, n, k), workers)
+    of `cases` against float64, poisoned outputs; then, where outputs do not
+    round (int32 does: test_reliability.py), alpha and beta with c on the
+    (m, n, k) `scaled` on the same kernel."""
+    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
+    for (m, n, k), workers in cases:
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        out = run_checked(a, b, config=config, options={"workers": workers})
+        assert max_rel(out, reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
+    if dtypes.get(dtype).acc != "int32":
+        m, n, k = scaled
+        a, b = random_matrix(m, k, dtype, layout[0], rng), random_matrix(k, n, dtype, layout[1], rng)
+        c = random_matrix(m, n, dtypes.output_for(dtype).token, "r", rng)
+        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=config)
+        assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, k)
+
+
 @pytest.mark.parametrize("dtype, layout", parity_grid("regular", dtypes.INPUT_TOKENS, LAYOUTS))
 def test_every_dtype_and_layout(dtype, layout, rng):
     for m, n, k in SHAPES:
@@ -44,21 +63,11 @@ def test_one_output_row_or_column_every_dtype_and_layout(dtype, layout, rng):
     stride of the vector and of the matrix is taken): runs of output lines
     longer than a tile, several runs on four workers, against float64;
     alpha and beta with c on the same kernel."""
-    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
-    for m, n, k in ((1, 300, 129), (300, 1, 129), (1, 2600, 40), (2600, 1, 7), (1, 1, 300)):
-        a = random_matrix(m, k, dtype, layout[0], rng)
-        b = random_matrix(k, n, dtype, layout[1], rng)
-        out = run_checked(a, b, config=config, options={"workers": 4})
-        assert max_rel(out, reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
-    if dtypes.get(dtype).acc != "int32":  # int32 outputs round: test_reliability.py
-        a, b = random_matrix(1, 50, dtype, layout[0], rng), random_matrix(50, 700, dtype, layout[1], rng)
-        c = random_matrix(1, 700, dtypes.output_for(dtype).token, "r", rng)
-        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=config)
-        assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 50)
+    shapes = ((1, 300, 129), (300, 1, 129), (1, 2600, 40), (2600, 1, 7), (1, 1, 300))
+    check_small_config(dtype, layout, [(s, 4) for s in shapes], (1, 700, 50), rng)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
-@pytest.mark.parametrize("layout", ["rrr", "rcr", "crr"])
+@pytest.mark.parametrize("dtype, layout", parity_grid("regular", ("fp32", "bf16", "int8"), ("rrr", "rcr", "crr")))
 def test_one_tile_row_runs_k_blocks_outermost(dtype, layout, rng):
     """M within one block tile, several K blocks and column tiles: each thread
     runs K blocks outermost over its column tiles (tile_gemm.hpp's
@@ -68,17 +77,8 @@ def test_one_tile_row_runs_k_blocks_outermost(dtype, layout, rng):
     (pack_slivers_by_rows) and column-major B transposed in registers, with
     partial slivers, a partial last K block and an odd K (a k group of two
     int8 values half full); alpha and beta with c on the same kernel."""
-    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, **SMALL)
-    for (m, n, k), workers in (((20, 5773, 101), 2), ((5, 300, 65), 1), ((24, 200, 64), 4)):
-        a = random_matrix(m, k, dtype, layout[0], rng)
-        b = random_matrix(k, n, dtype, layout[1], rng)
-        out = run_checked(a, b, config=config, options={"workers": workers})
-        assert max_rel(out, reference(a, b)) <= tolerance(config, k), (dtype, layout, (m, n, k))
-    if dtypes.get(dtype).acc != "int32":  # int32 outputs round: test_reliability.py
-        a, b = random_matrix(9, 70, dtype, layout[0], rng), random_matrix(70, 700, dtype, layout[1], rng)
-        c = random_matrix(9, 700, dtypes.output_for(dtype).token, "r", rng)
-        out = dispatcher.gemm(a, b, c=c, alpha=0.5, beta=-2.0, config=config)
-        assert max_rel(out, reference(a, b, c, 0.5, -2.0)) <= tolerance(config, 70)
+    cases = [((20, 5773, 101), 2), ((5, 300, 65), 1), ((24, 200, 64), 4)]
+    check_small_config(dtype, layout, cases, (9, 700, 70), rng)
 
 
 @pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
