@@ -646,9 +646,7 @@ int pack_slivers_by_rows(unsigned char* out, size_t sliver_bytes, const S* src, 
         for (int s = 0; s < slivers; ++s) {
             PT* dst = reinterpret_cast<PT*>(out + s * sliver_bytes);
             for (int g = g0; g < std::min(whole, g0 + kRowBlock); ++g)
-#pragma GCC unroll 4
                 for (int q = 0; q < KG; ++q)
-#pragma GCC unroll 16
                     for (int l = 0; l < R; ++l) dst[(g * R + l) * KG + q] = at(g * KG + q, s, l);
         }
     for (int s = 0; s < slivers; ++s) {  // a partial k group, and zero ones up to `groups`
@@ -928,9 +926,13 @@ struct TileScope<true, D> {
 };
 
 // acc[MC x NC] (+)= A[i0:i0+mc, k0:k1] @ B[k0:k1, j0:j0+nc]; `accumulate` adds
-// to what acc holds instead of starting from zero.
+// to what acc holds instead of starting from zero. Not inlined (nor is
+// store_tile): a kernel calls it from two schedules (tile by tile and the
+// row runs), and two inlined copies of its micro-kernel loops made every
+// kernel's build 1.2 s (a third) longer, for nothing at run time: one call
+// computes a whole block.
 template <class T>
-void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc, int64_t k0,
+__attribute__((noinline)) void accumulate_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc, int64_t k0,
                      int64_t k1, typename T::Acc* acc, bool accumulate) {
     Buffers<T>& buf = Buffers<T>::local();
     const int m_slivers = (mc + T::MR - 1) / T::MR;
@@ -996,7 +998,7 @@ static inline S product(S x, S y) {
 // when beta == 0. The bias is added in S after alpha/beta, then the
 // activation, then the conversion to the output dtype (CUTLASS's order).
 template <class T, class Epi = PlainEpilogue>
-void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
+__attribute__((noinline)) void store_tile(const Problem<T>& P, int64_t i0, int mc, int64_t j0, int nc,
                 const typename T::Acc* acc) {
     using Out = typename T::C;
     using S = Scalar<T>;
