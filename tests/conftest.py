@@ -140,7 +140,11 @@ def assert_each_measured_once(rows, before, count: int):
 # meets every layout (each pair of factors is covered). The other cells of
 # the product are marked slow too: `-m "parity and not slow"` selects the
 # square, `-m parity` the whole product, `-m slow` runs what the fast suite left out.
+# The square's cells of three of the four fp8 encodings are slow too: their
+# kernels differ from fp8_e4m3's only in the decode table the generator writes
+# from ml_dtypes, and the fast suite had grown past its 8 minutes.
 PARITY_VARIANTS = ("regular", "stream_k linear", "stream_k tree", "grouped")
+SLOW_ONLY_DTYPES = ("fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz")
 
 
 def parity_grid(variant, dtypes, layouts, offset=None):
@@ -152,7 +156,7 @@ def parity_grid(variant, dtypes, layouts, offset=None):
     params = []
     for d, dtype in enumerate(dtypes):
         for i, layout in enumerate(layouts):
-            fast = (d + shift) % len(layouts) == i
+            fast = (d + shift) % len(layouts) == i and dtype not in SLOW_ONLY_DTYPES
             marks = [pytest.mark.parity] + ([] if fast else [pytest.mark.slow])
             params.append(pytest.param(dtype, layout, marks=marks, id=f"{dtype}-{layout}"))
     return params

@@ -95,10 +95,14 @@ def test_matmul_routes_2d_to_regular_and_vectors_like_numpy(rng):
 
 
 # Each activation on each variant, each with one bias orientation (and both
-# orientations on each variant): 8 kernels, not 16.
-EPILOGUES = [("regular", "col", "gelu"), ("regular", "row", "relu"), ("regular", "col", "silu"),
-             ("regular", "row", "none"), ("batched", "col", "none"), ("batched", "row", "gelu"),
-             ("batched", "col", "relu"), ("batched", "row", "silu")]
+# orientations on each variant): 8 kernels, not 16. The fast suite runs four
+# of them, each activation once, each variant and orientation twice; the slow
+# step the rest.
+_slow = pytest.mark.slow
+EPILOGUES = [("regular", "col", "gelu"), ("regular", "row", "relu"),
+             pytest.param("regular", "col", "silu", marks=_slow), pytest.param("regular", "row", "none", marks=_slow),
+             ("batched", "col", "none"), pytest.param("batched", "row", "gelu", marks=_slow),
+             pytest.param("batched", "col", "relu", marks=_slow), ("batched", "row", "silu")]
 
 
 @pytest.mark.parametrize("variant, per, activation", EPILOGUES)

@@ -725,6 +725,7 @@ def test_concurrent_writers(tmp_path):
     assert len(TuningDatabase(path).entries()) == 60
 
 
+@pytest.mark.slow  # 12 s of sweeps and a plot: CI's slow step
 def test_report_table_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
