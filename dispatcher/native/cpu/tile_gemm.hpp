@@ -457,6 +457,22 @@ inline void check_guards(const void* buffer, size_t bytes, const char* name) {
                                      " bytes past its end");
 }
 
+// A buffer a thread keeps for its next call, grown on demand (a fresh one
+// would be paged in on every call): `reserve(bytes)` returns at least that.
+struct KeptBuffer {
+    std::unique_ptr<unsigned char, AlignedFree> buffer;
+    size_t capacity = 0;
+    unsigned char* reserve(size_t bytes) {
+        if (capacity < bytes) {
+            capacity = 0;  // a failed allocation below leaves no stale size
+            buffer.reset();
+            buffer.reset(static_cast<unsigned char*>(aligned_buffer(bytes)));
+            capacity = bytes;
+        }
+        return buffer.get();
+    }
+};
+
 template <class T>
 void pack_b(const Problem<T>& P, int64_t k0, int kc, int64_t j0, int nc, unsigned char* out);
 
@@ -1258,11 +1274,16 @@ void compute_tile(const Problem<T>& P, int64_t tile) {
 // (16 x 4096 x 4096 fp32: 0.95 -> 1.0x OpenBLAS; 4 x 4096 x 4096 0.96 -> 1.3-1.5x).
 constexpr size_t kRowRunAccBytes = size_t(256) << 10;
 
+// The accumulator rows of one tile of a row run: M in whole micro-tiles.
+template <class T>
+size_t row_run_rows(const Problem<T>& P) {
+    return size_t((P.m + T::MR - 1) / T::MR * T::MR);
+}
+
 // The column tiles whose accumulators one group of a row run holds.
 template <class T>
 int64_t row_run_group(const Problem<T>& P) {
-    const size_t rows = size_t((P.m + T::MR - 1) / T::MR * T::MR);
-    return int64_t(kRowRunAccBytes / (rows * T::NC * sizeof(typename T::Acc)));
+    return int64_t(kRowRunAccBytes / (row_run_rows(P) * T::NC * sizeof(typename T::Acc)));
 }
 
 template <class T>
@@ -1276,16 +1297,10 @@ template <class T, class Epi = PlainEpilogue>
 void compute_row_run(const Problem<T>& P, int64_t t0, int64_t t1) {
     using Acc = typename T::Acc;
     const int mc = static_cast<int>(P.m);
-    const size_t tile_acc = size_t((mc + T::MR - 1) / T::MR * T::MR) * T::NC;  // rows NC apart
+    const size_t tile_acc = row_run_rows(P) * T::NC;  // rows NC apart
     const int64_t group = std::min(row_run_group(P), t1 - t0);
-    static thread_local std::unique_ptr<Acc, AlignedFree> kept;  // at most kRowRunAccBytes
-    static thread_local size_t kept_size = 0;
-    if (kept_size < tile_acc * size_t(group)) {
-        kept_size = 0;  // a failed allocation below leaves no stale size
-        kept.reset();
-        kept.reset(static_cast<Acc*>(aligned_buffer(tile_acc * size_t(group) * sizeof(Acc))));
-        kept_size = tile_acc * size_t(group);
-    }
+    static thread_local KeptBuffer kept_buffer;  // at most kRowRunAccBytes
+    Acc* const kept = reinterpret_cast<Acc*>(kept_buffer.reserve(tile_acc * size_t(group) * sizeof(Acc)));
     Problem<T> Q = P;  // P with the next B block to prefetch
     for (int64_t g0 = t0; g0 < t1; g0 += group) {
         const int64_t g1 = std::min(t1, g0 + group);
@@ -1303,12 +1318,12 @@ void compute_row_run(const Problem<T>& P, int64_t t0, int64_t t1) {
                     Q.after_b = block_region(P.b, P.ldb, T::b_row, nk0, nkc, n.j0, n.nc);
                 }
                 const TileCoord c = tile_coord(P, t);
-                accumulate_tile<T>(Q, 0, mc, c.j0, c.nc, kb, k1, kept.get() + tile_acc * size_t(t - g0), kb > 0);
+                accumulate_tile<T>(Q, 0, mc, c.j0, c.nc, kb, k1, kept + tile_acc * size_t(t - g0), kb > 0);
             }
         }
         for (int64_t t = g0; t < g1; ++t) {
             const TileCoord c = tile_coord(P, t);
-            store_tile<T, Epi>(P, 0, mc, c.j0, c.nc, kept.get() + tile_acc * size_t(t - g0));
+            store_tile<T, Epi>(P, 0, mc, c.j0, c.nc, kept + tile_acc * size_t(t - g0));
         }
     }
 }
@@ -1340,14 +1355,7 @@ class SharedPackedA {
         const int64_t rows = P.tiles_m(), blocks = P.k_iters();
         const size_t bytes = size_t(rows * blocks) * T::a_panel_bytes;
         if (P.tiles_n() < 3 || bytes > kMaxBytes) return;
-        Kept& kept = kept_buffer();
-        if (kept.capacity < bytes) {
-            kept.capacity = 0;  // a failed allocation below leaves no stale size
-            kept.buffer.reset();
-            kept.buffer.reset(static_cast<unsigned char*>(aligned_buffer(bytes)));
-            kept.capacity = bytes;
-        }
-        unsigned char* base = kept.buffer.get();
+        unsigned char* base = kept_buffer().reserve(bytes);
         parallel_tiles(threads, rows * blocks, [&](int64_t t) {
             const int64_t i0 = t / blocks * T::MC, kb = t % blocks * T::KC;
             pack_a<T>(P, i0, static_cast<int>(std::min<int64_t>(T::MC, P.m - i0)), kb,
@@ -1357,17 +1365,13 @@ class SharedPackedA {
     }
     // A test build's check that no packing wrote past the buffer.
     void check_guards() const {
-        const Kept& kept = kept_buffer();
+        const KeptBuffer& kept = kept_buffer();
         dcpu::check_guards(kept.buffer.get(), kept.capacity, "shared packed A");
     }
 
   private:
-    struct Kept {
-        std::unique_ptr<unsigned char, AlignedFree> buffer;
-        size_t capacity = 0;
-    };
-    static Kept& kept_buffer() {
-        static thread_local Kept kept;
+    static KeptBuffer& kept_buffer() {
+        static thread_local KeptBuffer kept;
         return kept;
     }
 };
