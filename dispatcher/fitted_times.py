@@ -28,9 +28,11 @@ so only the problem varies):
 
 waves: the work items (output tiles as the target launches them,
 `launched_tiles`, times the variant's `k_splits`) over the target's
-workers, rounded up unless the variant shares its last wave out; k_tiles:
-the K tiles one work item computes; partial_megabytes: the fp32 partial
-sums a split kernel writes and reads back; work: the work items times
+workers, rounded up unless the variant shares its last wave out (then as
+the target's `shared_waves` counts them); k_tiles: the K tiles one work
+item computes; partial_megabytes: the fp32 partial sums a split kernel
+writes and reads back, or a shared wave's tiles that run in pieces (the
+target's `shared_waves`); work: the work items times
 their K tiles over the workers, unrounded. a is the launch and prologue,
 b a work item's fixed cost (its epilogue, scheduling), c a K tile's, d
 the reduction's; e is what a K tile costs for the memory all work items
@@ -50,6 +52,21 @@ extrapolates alike, without bound): an export keeps a problem's kernels
 within 1.5x of its fastest (`tuning.EXPORT_WITHIN`), so a kernel may be
 measured only where it competes. Fitted to large problems alone, 256x128
 split-K 2 in a 2x4 cluster extrapolated to the fastest on 86x95x268.
+
+What the five terms cannot see (a cluster shape that suits some tile grids
+badly, the L2's reuse at some sizes) a fit misses by about 5-10% on
+average, and between kernels whose fits lie that close, that error picks.
+So a prediction is corrected by the fit's own error at the tuned problems
+near it (`FittedKernel.correction`): at 1024 x 1024 x 2816 (a 1024-token
+MLP's GEMM, H100) the fits put 64x128 in a 2x4 cluster first (18.2 us
+fitted, 22.6 measured); 128x64 in no cluster, fitted 19.3, had run 13%
+faster than its fit at both tuned problems near it, and it ran in 16.5.
+With the correction and the pieces of hybrid kernels' shared waves,
+replayed on 204 shapes the H100 timed (three random draws, the corpus and
+54 MLP GEMMs in their layouts, benchmarks/results/cuda_gemm_*_5f2c3a9.json
+and *_47d1411.json), regret went from 1.028 (worst 1.39) to 1.021 (worst
+1.19); the MLP GEMMs' from 1.043 to 1.012, the random draws' from 1.025
+to 1.026.
 """
 
 from __future__ import annotations
@@ -70,6 +87,10 @@ from .selection import work_waves
 MIN_PROBLEMS = 12
 # How far past its own measured sizes a kernel's fit answers (module docstring).
 REACH = 2.0
+# How near (log2 distance over the tuning sizes) a tuned problem's fitting
+# error corrects a kernel's fit (module docstring): 1.5 reaches a problem up
+# to 2.8x larger in one size, with less weight the farther it is.
+CORRECTION_RADIUS = 1.5
 
 
 @attrs.frozen
@@ -81,9 +102,25 @@ class FittedKernel:
     error: float  # the fit's mean relative error on them
     low: tuple  # the tuning sizes it answers for (module docstring), each from low to high
     high: tuple
+    residuals: tuple = ()  # ((log2 of a tuned problem's sizes), log(measured / fitted ms)) per tuned problem
 
-    def predicted_ms(self, problem, record) -> float:
-        return float(np.dot(features(problem, self.config, record), self.coefficients))
+    def predicted_ms(self, problem, record, sizes) -> float:
+        """Its time on `problem` (of tuning sizes `sizes`): the fit's, times
+        the fit's error at the tuned problems nearby (`correction`)."""
+        return float(np.dot(features(problem, self.config, record), self.coefficients)) * self.correction(sizes)
+
+    def correction(self, sizes) -> float:
+        """How far off the fit was on the tuned problems within
+        `CORRECTION_RADIUS` of `sizes` (log2 distance over the sizes): the
+        exponential of their log(measured / fitted), weighted by closeness;
+        1 where none is that near."""
+        here = np.log2(np.asarray(sizes, dtype=float))
+        total = weight = 0.0
+        for there, error in self.residuals:
+            w = 1.0 - float(np.linalg.norm(np.asarray(there) - here)) / CORRECTION_RADIUS
+            if w > 0:
+                total, weight = total + w * error, weight + w
+        return math.exp(total / weight) if weight else 1.0
 
     def answers(self, sizes) -> bool:
         """Whether a problem of these tuning sizes is within its range."""
@@ -95,10 +132,13 @@ def features(problem, config, record) -> tuple:
     `problem` (module docstring)."""
     target = targets.get(config.target)
     tiles = target.launched_tiles(problem, config)
-    waves, splits = work_waves(tiles, config, record)
-    k = max(k for _, _, k in problem.shapes)
-    k_tiles = math.ceil(math.ceil(k / config.tile_k) / splits)
-    partial = sum(m * n for m, n, _ in problem.shapes) * splits * 4e-6 if splits > 1 else 0.0
+    tile_k_count = math.ceil(max(k for _, _, k in problem.shapes) / config.tile_k)
+    waves, splits, in_pieces = work_waves(tiles, tile_k_count, config, record)
+    k_tiles = math.ceil(tile_k_count / splits)
+    if splits > 1:
+        partial = sum(m * n for m, n, _ in problem.shapes) * splits * 4e-6
+    else:  # a shared last wave's tiles summed from pieces (the target's `shared_waves`), if any
+        partial = in_pieces * config.tile_m * config.tile_n * 4e-6
     work = tiles * splits * k_tiles / target.parallelism(config)
     return (1.0, waves, waves * k_tiles, partial, work)
 
@@ -131,8 +171,11 @@ def fit(samples, record) -> dict:
         if found is None:
             continue
         low, high = (tuple(map(f, zip(*(sizes for sizes, _ in times)))) for f in (min, max))
+        predicted = x @ found
         fitted[name] = FittedKernel(
-            config, tuple(map(float, found)), len(times), float(np.mean(np.abs(x @ found / t - 1.0))),
+            config, tuple(map(float, found)), len(times), float(np.mean(np.abs(predicted / t - 1.0))),
+            residuals=tuple((tuple(np.log2(sizes).tolist()), math.log(ms / fit_ms))
+                            for (sizes, _), ms, fit_ms in zip(times, t, predicted) if fit_ms > 0),
             low=tuple(0.0 if lo <= s else lo / REACH for lo, s in zip(low, scope_low)),
             high=tuple(math.inf if hi >= s else hi * REACH for hi, s in zip(high, scope_high)))
     return fitted

@@ -146,13 +146,10 @@ class VariantRecord:
         from (split-K); what the performance model is told.
     shares_last_wave: KernelConfig -> whether its kernels share the tiles
         of a partial last wave out over all the workers (stream-K, hybrid):
-        the occupancy model then counts its waves unrounded (tiles /
-        workers, at least one), not rounded up. (CUTLASS's hybrid heuristic
-        shares only a last wave less than half full; counted unrounded
-        throughout, the regular variant's hybrid kernels carried the H100's
-        measured times from neighbour to neighbour better: regret geomean
-        1.017, worst 1.126, against 1.023 and 1.247 (benchmarks/
-        selection_replay.py on benchmarks/results/cuda_gemm_*_ef3555f.json).)
+        the occupancy model and the fitted times then count its waves as
+        its target's `shared_waves` does (cuda: CUTLASS's heuristic, which
+        keeps whole waves where the last is at least half full, and splits
+        the last two waves' tiles into pieces otherwise).
     packs_a_once: its kernels pack all of A once per call where their
         target's tile library finds that pays (the cpu's `dcpu::SharedPackedA`),
         not once per tile: the occupancy model counts A's packing so.

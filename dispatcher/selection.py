@@ -50,16 +50,20 @@ def rank(problem, candidates, record) -> list:
     return sorted((estimate(problem, c, record) for c in candidates), key=lambda e: e.key)
 
 
-def work_waves(tiles: int, config, record=None) -> tuple:
-    """(waves, K slices per tile) of `tiles` output tiles: their work items
-    (each tile in the variant's `k_splits` slices) over the target's
-    workers, rounded up to whole waves unless the variant shares its last
-    wave out (`shares_last_wave`: then at least one)."""
-    workers = targets.get(config.target).parallelism(config)
+def work_waves(tiles: int, k_tiles: int, config, record=None) -> tuple:
+    """(waves, K slices per tile, work items run in pieces) of `tiles`
+    output tiles of `k_tiles` K tiles each: their work items (each tile in
+    the variant's `k_splits` slices) over the target's workers, rounded up
+    to whole waves, unless the variant shares its last wave out
+    (`shares_last_wave`: then as the target's `shared_waves` counts)."""
+    target = targets.get(config.target)
+    workers = target.parallelism(config)
     splits = record.k_splits(config) if record is not None else 1
     items = tiles * splits
-    shared = record is not None and record.shares_last_wave(config)
-    return (max(1.0, items / workers) if shared else float(math.ceil(items / workers))), splits
+    if record is not None and record.shares_last_wave(config):
+        waves, in_pieces = target.shared_waves(items, workers, k_tiles)
+        return waves, splits, in_pieces
+    return float(math.ceil(items / workers)), splits, 0
 
 
 def estimated_cost(problem, config, record=None) -> float:
@@ -71,16 +75,17 @@ def estimated_cost(problem, config, record=None) -> float:
     a block tile, or with K split (`record.k_splits`) one slice of it, which
     costs its share of K; a kernel that shares a partial last wave's tiles
     out over all the workers (`record.shares_last_wave`: the regular
-    variant's hybrid decomposition) counts its waves unrounded, at least
-    one. A B block a worker reuses for several tiles in a row (the
-    target's `panel_reuse`) costs its share once, and so does an A block
+    variant's hybrid decomposition) counts its waves as its target's
+    `shared_waves` does. A B block a worker reuses for several tiles in a
+    row (the target's `panel_reuse`) costs its share once, and so does an A block
     where the variant packs A once (`record.packs_a_once`, the target's
     `a_panel_reuse`); all of it over the target's `compute_rate` of the
     config (a faster instruction, e.g. the CPU's AMX against a fallback
     micro-kernel of the same spec)."""
     target = targets.get(config.target)
     workers = target.parallelism(config)
-    waves, splits = work_waves(problem.tile_count(config.tile_m, config.tile_n), config, record)
+    k_tiles = math.ceil(max(k for _, _, k in problem.shapes) / config.tile_k)
+    waves, splits, _ = work_waves(problem.tile_count(config.tile_m, config.tile_n), k_tiles, config, record)
     reuse = target.panel_reuse(problem, config, workers)
     a_reuse = target.a_panel_reuse(problem, config) if record is not None and record.packs_a_once else 1
     rows, columns = target.computed_tile(problem, config)

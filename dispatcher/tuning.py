@@ -427,7 +427,7 @@ class TuningDatabase:
         if not candidates or (own and not any(target.template_schedule(f.config) in own
                                               for _, f in candidates.values())):
             return None
-        times = {name: f.predicted_ms(problem, record) for name, (_, f) in candidates.items()}
+        times = {name: f.predicted_ms(problem, record, sizes) for name, (_, f) in candidates.items()}
         name = min(sorted(times), key=times.get)
         runs = candidates[name][0]
         return Winner(runs, key, shipped, False, fitted=candidates[name][1].problems,

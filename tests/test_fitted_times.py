@@ -6,8 +6,9 @@ itself, the range a fit answers for, and the order of a database's answers
 import math
 
 import dispatcher
+import numpy as np
 import pytest
-from dispatcher.fitted_times import MIN_PROBLEMS, fit
+from dispatcher.fitted_times import MIN_PROBLEMS, features, fit
 from dispatcher.plugins import get_manager
 from dispatcher.problem import GemmProblem
 from dispatcher.targets import cuda as cuda_target
@@ -56,7 +57,48 @@ def test_a_fit_recovers_the_times_it_was_given_and_predicts_a_problem_between_th
     assert fitted.problems == len(GRID) and fitted.error < 1e-6
     assert fitted.coefficients[:3] == pytest.approx(costs, rel=1e-6) and fitted.coefficients[3] == 0.0
     between = _problem(3000, 5000, 3000)
-    assert fitted.predicted_ms(between, record) == pytest.approx(_time_of(3000, 5000, 3000, (128, 256), *costs))
+    assert fitted.predicted_ms(between, record, (3000, 5000, 3000)) == pytest.approx(
+        _time_of(3000, 5000, 3000, (128, 256), *costs))
+
+
+def test_a_fit_is_corrected_by_its_error_at_the_tuned_problems_nearby():
+    """A kernel that ran 30% slower than its curve around 1024x2048x2048
+    (what the model cannot see: a cluster that suits those tile grids
+    badly, say) is predicted slower near there, by up to that much, and
+    about as its curve says far away, where the tuned problems met the
+    curve (within what the slow ones pulled the fit off)."""
+    record = get_manager().variant("regular")
+    config = _cuda(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1)
+    costs = (0.005, 0.002, 0.0004)
+    slow_near = {(1024, 2048, 2048), (1024, 512, 2048), (256, 2048, 2048), (1024, 2048, 512)}
+
+    def times_of(m, n, k):
+        return _time_of(m, n, k, (128, 256), *costs) * (1.3 if (m, n, k) in slow_near else 1.0)
+
+    fitted = fit(_swept(config, times_of), record)[config.name]
+    near, far = (1100, 1800, 2048), (4000, 8000, 8000)
+    curve = {p: float(np.dot(features(_problem(*p), config, record), fitted.coefficients)) for p in (near, far)}
+    assert 1.15 < fitted.predicted_ms(_problem(*near), record, near) / curve[near] <= 1.3
+    assert fitted.predicted_ms(_problem(*far), record, far) == pytest.approx(curve[far], rel=0.02)
+
+
+def test_a_hybrid_kernel_counts_its_tiles_in_pieces_as_cutlass_decides():
+    """CUTLASS's heuristic stream-K (tile_scheduler_params.h): whole waves
+    where the last is full, at least half full, or K too short to split;
+    else the last two waves' tiles in pieces, spread evenly (unrounded)."""
+    target = dispatcher.targets.get("cuda")
+    assert target.shared_waves(132, SMS, 32) == (1.0, 0)  # a full wave
+    assert target.shared_waves(200, SMS, 32) == (2.0, 0)  # a tail of 68 tiles: half full
+    assert target.shared_waves(176, SMS, 8) == (2.0, 0)  # 8 K tiles: nothing to split
+    assert target.shared_waves(176, SMS, 32) == (pytest.approx(176 / SMS), 176)  # all in pieces
+    assert target.shared_waves(300, SMS, 32) == (pytest.approx(300 / SMS), 300 - SMS)  # one wave data-parallel
+    assert target.shared_waves(40, SMS, 32) == (1.0, 40)  # under a third of a wave, split over all
+    hybrid = _cuda(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2, decomposition="hybrid")
+    plain = _cuda(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2)
+    record = get_manager().variant("regular")
+    # 1024 x 5632 x 2048: 176 tiles of 256x128, every one summed from pieces through fp32 partials
+    assert features(_problem(1024, 5632, 2048), hybrid, record)[3] == pytest.approx(176 * 256 * 128 * 4e-6)
+    assert features(_problem(1024, 5632, 2048), plain, record)[1:4:2] == (2.0, 0.0)
 
 
 def test_fitted_coefficients_are_never_negative():

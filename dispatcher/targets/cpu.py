@@ -343,6 +343,14 @@ class CpuTarget:
         """Workers a kernel of `config` runs on here."""
         return config.target_params["threads"] or cpu_count()
 
+    def shared_waves(self, items: int, workers: int, k_tiles: int) -> tuple:
+        """(waves, work items run in pieces) of a kernel that shares its last
+        wave out (`VariantRecord.shares_last_wave`): its threads split the
+        last wave's K iterations evenly, so the waves count unrounded, at
+        least one; no item counts as pieces, since a thread sums a partial
+        tile in its own cache, at no cost the model tells apart."""
+        return max(1.0, items / workers), 0
+
     def available(self) -> bool:
         return True
 

@@ -384,6 +384,23 @@ class CudaTarget:
         except Exception:
             return 132
 
+    def shared_waves(self, items: int, workers: int, k_tiles: int) -> tuple:
+        """(waves, work items run in pieces) of a kernel that shares its last
+        wave out (`VariantRecord.shares_last_wave`), as CUTLASS's stream-K
+        scheduler decides in its heuristic mode (tile_scheduler_params.h,
+        `get_num_sk_tiles`): whole waves where the last one is full, is at
+        least half full, or a tile has at most 8 K tiles to split; otherwise
+        the last wave and the full one before it run stream-K, their K
+        iterations spread evenly over the workers (waves unrounded), each of
+        those tiles summed from pieces through fp32 partials in global
+        memory. Those partials are what made hybrid kernels 1.2-1.3x slower
+        than the fit expected at 1024 x 5632 x 2048 (H100, 176 tiles of
+        256x128 all in pieces: 49 us against 39 fitted without them)."""
+        full, waves = items // workers, -(-items // workers)
+        if full == waves or k_tiles <= 8 or 2 * (items - full * workers) >= workers:
+            return float(waves), 0
+        return max(1.0, items / workers), items - (full - 1) * workers if full > 1 else items
+
     def available(self) -> bool:
         try:
             from . import cuda_memory
