@@ -173,17 +173,23 @@ def overhead_configs() -> list:
 
 def torch_test_configs() -> list:
     """What tests/test_torch_gpu.py's MLP (256 -> 512 -> 256 -> 1, 512
-    tokens, bias) selects beyond the catalogs: each layer's forward (x @
-    weight.t() + bias), dX (dy @ weight) and dW (dy.t() @ x), the last
-    layer's N = 1 included."""
+    tokens, bias) and its Linear whose forward needs scratch (3072 -> 2816,
+    1024 tokens, no bias: SCRATCH_LINEAR there) select beyond the catalogs:
+    each layer's forward (x @ weight.t() + bias), dX (dy @ weight) and dW
+    (dy.t() @ x), the last layer's N = 1 included; as the tests select them
+    (the shipped winners first)."""
+    from cuda_gemm import fresh
+
     row = lambda m, n: ((m, n), (n if m > 1 else 1, 1), "bf16")  # noqa: E731
     col = lambda m, n: ((m, n), (1, m if n > 1 else 1), "bf16")  # noqa: E731
-    tokens, calls = 512, []
-    for fan_in, fan_out in ((256, 512), (512, 256), (256, 1)):
-        calls += [({"a": row(tokens, fan_in), "b": col(fan_in, fan_out), "bias": ((fan_out,), (1,), "bf16")}, {}),
+    calls = []
+    for tokens, fan_in, fan_out, bias in ((512, 256, 512, True), (512, 512, 256, True), (512, 256, 1, True),
+                                          (1024, 3072, 2816, False)):
+        forward = {"a": row(tokens, fan_in), "b": col(fan_in, fan_out)}
+        calls += [({**forward, **({"bias": ((fan_out,), (1,), "bf16")} if bias else {})}, {}),
                   ({"a": row(tokens, fan_out), "b": row(fan_out, fan_in)}, {}),
                   ({"a": col(fan_out, tokens), "b": row(tokens, fan_in)}, {})]
-    return selected("regular", calls)
+    return selected("regular", calls, fresh())
 
 
 def default_configs() -> list:

@@ -16,6 +16,9 @@ from dispatcher import dtypes  # noqa: E402
 from dispatcher.verify import max_rel  # noqa: E402
 
 BF16 = dtypes.relative_tolerance("bf16", 4096)
+# A Linear (in, out features) whose forward kernel needs scratch at these tokens
+# (test_linear_calls_whose_kernels_need_scratch_run_in_cpp; benchmarks/cuda_sweeps.py builds its kernels)
+SCRATCH_TOKENS, SCRATCH_LINEAR = 1024, (3072, 2816)
 
 
 def matrix(rows, cols, seed=0, layout="r"):
@@ -248,8 +251,9 @@ def test_linear_backward_launches_missed_at_first_are_planned_on_cuda():
 @pytest.mark.native
 def test_linear_calls_whose_kernels_need_scratch_run_in_cpp():
     """A Linear whose forward kernel needs scratch memory (the shipped
-    selection for 1024 x 2816 x 1024 is a hybrid stream-K kernel, whose
-    scheduler keeps partial tiles in a workspace): its calls too run in
+    selection for 1024 x 2816 x 3072 is a hybrid stream-K kernel whose
+    176 tiles all run in pieces, summed through partial tiles in a
+    workspace; benchmarks/cuda_sweeps.py builds it): its calls too run in
     C++ from the third on, forward and backward (torch_mlp.py's eager
     steps had gone the Python way on every call: 0.95 ms of host time per
     step at d 2048), the forward on scratch from torch's allocator, and
@@ -257,15 +261,15 @@ def test_linear_calls_whose_kernels_need_scratch_run_in_cpp():
     from dispatcher.torch import eager, native
     assert native.extension(wait=True) is not None, native.failure()
     torch.manual_seed(0)
-    ours = dt.Linear.from_linear(torch.nn.Linear(1024, 2816, bias=False).cuda().bfloat16())
+    ours = dt.Linear.from_linear(torch.nn.Linear(*SCRATCH_LINEAR, bias=False).cuda().bfloat16())
     w = ours.weight.double()
     for step in range(4):
-        x = matrix(1024, 1024, 70 + step).requires_grad_()
+        x = matrix(SCRATCH_TOKENS, SCRATCH_LINEAR[0], 70 + step).requires_grad_()
         y = ours(x)
         assert rel(y, x.double() @ w.t()) <= BF16, step
         if step >= 2:
             assert type(y.grad_fn).__name__ == "CppFunction", step
-        dy = matrix(1024, 2816, 80 + step)
+        dy = matrix(SCRATCH_TOKENS, SCRATCH_LINEAR[1], 80 + step)
         y.backward(dy)
         assert rel(x.grad, dy.double() @ w) <= 2 * BF16, step
         assert rel(ours.weight.grad, dy.double().t() @ x.double()) <= 2 * BF16, step
