@@ -90,11 +90,13 @@ def test_fp8_output_dtype_choice(out_dtype, rng):
     assert max_rel(out, reference(a, b)) <= dtypes.relative_tolerance(out_dtype, 33)
 
 
-def test_default_output_dtypes_follow_ck(rng):
-    for dtype, expected in [("fp8_e4m3", "fp16"), ("fp8_e5m2fnuz", "fp16"), ("int8", "int32"),
-                            ("bf16", "bf16")]:
-        a = random_matrix(8, 8, dtype, "r", rng)
-        assert dtypes.get(dispatcher.gemm(a, a, config=SMALL).dtype).token == expected
+# (an FNUZ encoding in CI's slow step, as in the parity grid: its kernel differs from fp8_e4m3's by a decode table)
+@pytest.mark.parametrize("dtype,expected", [("fp8_e4m3", "fp16"),
+                                            pytest.param("fp8_e5m2fnuz", "fp16", marks=pytest.mark.slow),
+                                            ("int8", "int32"), ("bf16", "bf16")])
+def test_default_output_dtypes_follow_ck(rng, dtype, expected):
+    a = random_matrix(8, 8, dtype, "r", rng)
+    assert dtypes.get(dispatcher.gemm(a, a, config=SMALL).dtype).token == expected
 
 
 def test_alpha_beta(rng):

@@ -369,7 +369,10 @@ def batch(dtype):
     return torch.randn(64, 32, generator=gen).to(dtype), torch.randn(64, 1, generator=gen).to(dtype)
 
 
-@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+# bf16 in CI's slow step (the ops' bf16 path stays in the fast suite:
+# test_gemm_matches_float64_reference, test_opcheck, test_autograd_matches_torch_gradients)
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5),
+                                        pytest.param(torch.bfloat16, 3e-2, marks=pytest.mark.slow)])
 def test_mlp_trains_as_nn_linear(dtype, rtol):
     expected = train_losses(mlp(dtype), *batch(dtype))
     got = train_losses(dt.swap_linears(mlp(dtype)), *batch(dtype))
