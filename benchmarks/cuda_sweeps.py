@@ -238,6 +238,10 @@ SETS["torch"] = lambda: torch_configs() + torch_test_configs()
 # What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
 # cooperative kernels with K split in 2, 4 and 8 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
 SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
+# The same for a Linear's dW (crr: out x in x tokens, few tiles and long K where out and in are small: the
+# MLP grid's kernel-limited cells), swept over the general grid so that the MLP grid stays a held-out check:
+# `BUILD_SET=splitk_crr ... TUNE_SWEEP=catalog_splitk.json TUNE_SPECS=regular:bf16:crr:cuda_tuning_grid`
+SETS["splitk_crr"] = lambda: _sweep("catalog_splitk.json", "bf16", "crr")
 SETS["hybrid"] = lambda: _sweep("catalog_hybrid.json", "bf16", "rcr")  # the split-K set's and the hybrid kernels
 # What `TUNE_SWEEP=catalog_raster.json TUNE_SPECS=stream_k:bf16:rcr:cuda_tuning_grid_stream_k` sweeps
 SETS["stream_k_raster"] = lambda: _sweep("catalog_raster.json", "bf16", "rcr", "stream_k")
