@@ -106,7 +106,9 @@ def _leaves(*tensors):
     return [t.detach().clone().requires_grad_() for t in tensors]
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+# bf16 in CI's slow step: the fast suite keeps bf16's forward (opcheck, the reference test) and its
+# backward under autocast (test_linear_under_autocast_computes_as_nn_linear)
+@pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_autograd_matches_torch_gradients(dtype):
     """Gradients of a, b (a transposed view) and c against torch's autograd
     on float64 copies of the same inputs; each has its leaf's layout."""
@@ -370,7 +372,7 @@ def batch(dtype):
 
 
 # bf16 in CI's slow step (the ops' bf16 path stays in the fast suite:
-# test_gemm_matches_float64_reference, test_opcheck, test_autograd_matches_torch_gradients)
+# test_gemm_matches_float64_reference, test_opcheck)
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5),
                                         pytest.param(torch.bfloat16, 3e-2, marks=pytest.mark.slow)])
 def test_mlp_trains_as_nn_linear(dtype, rtol):
@@ -437,7 +439,7 @@ def test_grouped_mm_matches_float64_reference(dtype, transposed_b):
     assert torch.equal(out[23:], torch.zeros(4, 24, dtype=out.dtype))
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])  # (as above)
 def test_grouped_mm_autograd_matches_torch_gradients(dtype):
     a0, b0, offsets = routed(dtype, True, seed=3)
     w0 = b0.transpose(1, 2)  # the (G, N, K) weights a model holds
