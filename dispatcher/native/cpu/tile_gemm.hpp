@@ -793,9 +793,9 @@ Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int
 // few percent of a block's steps), then in a loop of the arithmetic alone:
 // the prefetcher's check in every step had cost the fp32 AVX2 loop two of
 // its 26 instructions. On one core of the 2-core EPYC, 2048^3 went from 0.81
-// to 0.83x OpenBLAS (medians of 6 alternating processes; 3 more pairs gave
-// 0.80 and 0.83, 3 others no change): small and within this VM's noise, but
-// the loop is two instructions shorter and no run measured it slower.
+// to 0.83x OpenBLAS (medians of 6 alternating process pairs; two sets of 3
+// pairs gave 0.77 -> 0.81 and 0.80 -> 0.83): small and within this VM's
+// noise, but the loop is two instructions shorter and no set measured it slower.
 template <class Step>
 inline void k_steps(int steps, LinePrefetcher& prefetch, Step&& step) {
     int p = 0;
