@@ -79,7 +79,7 @@ import attrs
 import numpy as np
 
 from . import targets
-from .selection import work_waves
+from .selection import k_tile_count, work_waves
 
 # The fewest tuned problems one kernel's fit needs: the sweeps' grids hold 54
 # (cuda_tuning_grid) and more, a hand-tuned database a few, which the nearest
@@ -102,7 +102,9 @@ class FittedKernel:
     error: float  # the fit's mean relative error on them
     low: tuple  # the tuning sizes it answers for (module docstring), each from low to high
     high: tuple
-    residuals: tuple = ()  # ((log2 of a tuned problem's sizes), log(measured / fitted ms)) per tuned problem
+    # per tuned problem, the log2 of its sizes (a row) and log(measured / fitted ms): `correction`'s
+    tuned_at: np.ndarray = attrs.field(factory=lambda: np.empty((0, 0)), eq=False)
+    errors: np.ndarray = attrs.field(factory=lambda: np.empty(0), eq=False)
 
     def predicted_ms(self, problem, record, sizes) -> float:
         """Its time on `problem` (of tuning sizes `sizes`): the fit's, times
@@ -114,13 +116,12 @@ class FittedKernel:
         `CORRECTION_RADIUS` of `sizes` (log2 distance over the sizes): the
         exponential of their log(measured / fitted), weighted by closeness;
         1 where none is that near."""
+        if not self.errors.size:
+            return 1.0
         here = np.log2(np.asarray(sizes, dtype=float))
-        total = weight = 0.0
-        for there, error in self.residuals:
-            w = 1.0 - float(np.linalg.norm(np.asarray(there) - here)) / CORRECTION_RADIUS
-            if w > 0:
-                total, weight = total + w * error, weight + w
-        return math.exp(total / weight) if weight else 1.0
+        weights = 1.0 - np.linalg.norm(self.tuned_at - here, axis=1) / CORRECTION_RADIUS
+        near = weights > 0
+        return math.exp(float(weights[near] @ self.errors[near] / weights[near].sum())) if near.any() else 1.0
 
     def answers(self, sizes) -> bool:
         """Whether a problem of these tuning sizes is within its range."""
@@ -132,7 +133,7 @@ def features(problem, config, record) -> tuple:
     `problem` (module docstring)."""
     target = targets.get(config.target)
     tiles = target.launched_tiles(problem, config)
-    tile_k_count = math.ceil(max(k for _, _, k in problem.shapes) / config.tile_k)
+    tile_k_count = k_tile_count(problem, config)
     waves, splits, in_pieces = work_waves(tiles, tile_k_count, config, record)
     k_tiles = math.ceil(tile_k_count / splits)
     if splits > 1:
@@ -174,8 +175,8 @@ def fit(samples, record) -> dict:
         predicted = x @ found
         fitted[name] = FittedKernel(
             config, tuple(map(float, found)), len(times), float(np.mean(np.abs(predicted / t - 1.0))),
-            residuals=tuple((tuple(np.log2(sizes).tolist()), math.log(ms / fit_ms))
-                            for (sizes, _), ms, fit_ms in zip(times, t, predicted) if fit_ms > 0),
+            tuned_at=np.log2([sizes for (sizes, _), fit_ms in zip(times, predicted) if fit_ms > 0]),
+            errors=np.log(t[predicted > 0] / predicted[predicted > 0]),
             low=tuple(0.0 if lo <= s else lo / REACH for lo, s in zip(low, scope_low)),
             high=tuple(math.inf if hi >= s else hi * REACH for hi, s in zip(high, scope_high)))
     return fitted

@@ -50,6 +50,11 @@ def rank(problem, candidates, record) -> list:
     return sorted((estimate(problem, c, record) for c in candidates), key=lambda e: e.key)
 
 
+def k_tile_count(problem, config) -> int:
+    """The K tiles of `problem`'s deepest GEMM under `config`'s tile_k."""
+    return math.ceil(max(k for _, _, k in problem.shapes) / config.tile_k)
+
+
 def work_waves(tiles: int, k_tiles: int, config, record=None) -> tuple:
     """(waves, K slices per tile, work items run in pieces) of `tiles`
     output tiles of `k_tiles` K tiles each: their work items (each tile in
@@ -84,8 +89,8 @@ def estimated_cost(problem, config, record=None) -> float:
     micro-kernel of the same spec)."""
     target = targets.get(config.target)
     workers = target.parallelism(config)
-    k_tiles = math.ceil(max(k for _, _, k in problem.shapes) / config.tile_k)
-    waves, splits, _ = work_waves(problem.tile_count(config.tile_m, config.tile_n), k_tiles, config, record)
+    waves, splits, _ = work_waves(problem.tile_count(config.tile_m, config.tile_n), k_tile_count(problem, config),
+                                  config, record)
     reuse = target.panel_reuse(problem, config, workers)
     a_reuse = target.a_panel_reuse(problem, config) if record is not None and record.packs_a_once else 1
     rows, columns = target.computed_tile(problem, config)

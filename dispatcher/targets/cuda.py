@@ -399,7 +399,7 @@ class CudaTarget:
         full, waves = items // workers, -(-items // workers)
         if full == waves or k_tiles <= 8 or 2 * (items - full * workers) >= workers:
             return float(waves), 0
-        return max(1.0, items / workers), items - (full - 1) * workers if full > 1 else items
+        return max(1.0, items / workers), (items - (full - 1) * workers if full > 1 else items)
 
     def available(self) -> bool:
         try:

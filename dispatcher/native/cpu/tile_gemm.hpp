@@ -788,7 +788,7 @@ Region block_region(const S* matrix, int64_t ld, bool row_major, int64_t r0, int
     return {reinterpret_cast<const char*>(matrix + c0 * ld + r0), cols, rows * sz, ld * sz};
 }
 
-// Runs step() `steps` times (a micro-kernel's k steps), requesting the
+// Runs step(p) for p = 0 .. steps - 1 (a micro-kernel's k steps), requesting the
 // prefetcher's next two lines with each while it has lines left (the first
 // few percent of a block's steps), then in a loop of the arithmetic alone:
 // the prefetcher's check in every step had cost the fp32 AVX2 loop two of
@@ -801,9 +801,9 @@ inline void k_steps(int steps, LinePrefetcher& prefetch, Step&& step) {
     int p = 0;
     for (; p < steps && prefetch.active(); ++p) {
         prefetch.next();
-        step();
+        step(p);
     }
-    for (; p < steps; ++p) step();
+    for (; p < steps; ++p) step(p);
 }
 
 // ----------------------------------------------------------- micro-kernel ----
@@ -833,7 +833,7 @@ inline void pair_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
                 std::memcpy(reinterpret_cast<char*>(&acc[r][q]) + half, c + (2 * r + 1) * ldc + 2 * q, half);
             }
         }
-    k_steps(static_cast<int>(T::groups(kc)), prefetch, [&]() __attribute__((always_inline)) {
+    k_steps(static_cast<int>(T::groups(kc)), prefetch, [&](int) __attribute__((always_inline)) {
         vec b[NP];
 #pragma GCC unroll 16
         for (int q = 0; q < NP; ++q) std::memcpy(&b[q], bp + q * 2 * KG, sizeof(vec));
@@ -884,7 +884,7 @@ inline void group_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
             else
                 acc[i][v] = vec{};
         }
-    k_steps(static_cast<int>(T::groups(kc)), prefetch, [&]() __attribute__((always_inline)) {
+    k_steps(static_cast<int>(T::groups(kc)), prefetch, [&](int) __attribute__((always_inline)) {
         vec b[NV];
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + v * VL * KG, sizeof(vec));
@@ -929,10 +929,8 @@ inline void tile_micro_kernel(int kc, const unsigned char* __restrict a_sliver,
         D::load_acc(c, c_stride);
     else
         D::zero_acc();
-    int x = 0;
-    k_steps(static_cast<int>(T::padded(kc) / T::KPAD), prefetch, [&]() __attribute__((always_inline)) {
+    k_steps(static_cast<int>(T::padded(kc) / T::KPAD), prefetch, [&](int x) __attribute__((always_inline)) {
         D::multiply(a_sliver + x * T::MR * a_row, a_row, b_sliver + x * (T::KPAD / T::KG) * b_row, b_row);
-        ++x;
     });
     D::store_acc(c, c_stride);
 }
