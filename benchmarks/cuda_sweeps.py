@@ -235,6 +235,9 @@ SETS["rcr"] = lambda: catalog(("regular",), ("bf16",), ("rcr",))  # the regular 
 SETS["tune"] = lambda: catalog(("regular",), ("bf16", "fp16"), ("rcr", "rrr", "crr")) + \
     catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",))
 SETS["torch"] = lambda: torch_configs() + torch_test_configs()
+# cuda_gemm.py's fp8, stream_k and grouped parts: the catalogs their best-of-catalog and autotune columns time
+SETS["parts"] = lambda: catalog(("regular",), ("fp8_e4m3",), ("rcr",)) + catalog(("stream_k",), ("bf16",), ("rcr",)) + \
+    catalog(("grouped",), ("bf16", "fp8_e4m3"), ("rcr",))
 # What `TUNE_SWEEP=catalog_splitk.json gpu_session.sh tune` sweeps for bf16 rcr: the catalog and its
 # cooperative kernels with K split in 2, 4 and 8 (few output tiles, long K: 8 x 2048 x 8192 has 16 tiles)
 SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
