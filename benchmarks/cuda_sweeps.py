@@ -245,6 +245,12 @@ SETS["splitk"] = lambda: _sweep("catalog_splitk.json", "bf16", "rcr")
 # MLP grid's kernel-limited cells), swept over the general grid so that the MLP grid stays a held-out check:
 # `BUILD_SET=splitk_crr ... TUNE_SWEEP=catalog_splitk.json TUNE_SPECS=regular:bf16:crr:cuda_tuning_grid`
 SETS["splitk_crr"] = lambda: _sweep("catalog_splitk.json", "bf16", "crr")
+# Split-K in 3 and 6 slices: where a problem's tiles fill two thirds of a wave (2816 x 1024 in 256x128 tiles: 88
+# tiles on 132 SMs, which the hybrid heuristic keeps data-parallel), 3 slices make two whole waves; the MLP grid's
+# d = 1024 cells (0.77-0.80x cuBLAS in dW at the catalog's best): a probe over cuda_tuning_mlp_dw.json first,
+# `BUILD_SET=splitk3_crr ... TUNE_SWEEP=catalog_splitk3.json TUNE_SPECS=regular:bf16:crr:cuda_tuning_mlp_dw`
+SETS["splitk3_rcr"] = lambda: _sweep("catalog_splitk3.json", "bf16", "rcr")
+SETS["splitk3_crr"] = lambda: _sweep("catalog_splitk3.json", "bf16", "crr")
 SETS["hybrid"] = lambda: _sweep("catalog_hybrid.json", "bf16", "rcr")  # the split-K set's and the hybrid kernels
 # What `TUNE_SWEEP=catalog_raster.json TUNE_SPECS=stream_k:bf16:rcr:cuda_tuning_grid_stream_k` sweeps
 SETS["stream_k_raster"] = lambda: _sweep("catalog_raster.json", "bf16", "rcr", "stream_k")
