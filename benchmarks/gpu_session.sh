@@ -66,7 +66,8 @@ for step in "$@"; do
              | tee $OUT/epilogue_cpu.log | tail -12 ;;
     torchbench) timeout 560 python3 benchmarks/torch_mlp.py --repeat 30 ${TORCH_BENCH_ARGS:-} --out $OUT/torch_mlp 2>&1 | tee $OUT/torch_mlp.log | tail -30 ;;
     # the shipped tuning database (dispatcher/data/tuning): the tile engine's catalog sweeps, one per
-    # TUNE_SPECS entry variant:dtype:layout:grid (grid: benchmarks/sweeps/<grid>.json; the default is
+    # TUNE_SPECS entry variant:dtype:layout:grid[:out_dtype] (out_dtype: e.g. bf16 for fp8 as torch._scaled_mm
+    # returns it; default CK's rule, fp8 -> fp16) (grid: benchmarks/sweeps/<grid>.json; the default is
     # the sm_90a.json of this repository; benchmarks/sweeps/cuda_tuning_specs_full.txt adds fp16, crr
     # and fp8: build them first with BUILD_SET=tune), exported with the GPU's name; TUNE_SWEEP names
     # another sweep file (catalog_raster.json: each catalog kernel in both raster orders too;
@@ -80,10 +81,10 @@ for step in "$@"; do
     # adds to the database of an earlier tune step on the same machine (sweeps split over calls)
     tune) [ -n "${TUNE_KEEP:-}" ] || rm -f $R/.gpucache/tuning.sqlite $R/.gpucache/tuning.sqlite-wal $R/.gpucache/tuning.sqlite-shm
           for spec in ${TUNE_SPECS:-regular:bf16:rcr:cuda_tuning_grid regular:bf16:rrr:cuda_tuning_grid stream_k:bf16:rcr:cuda_tuning_grid_stream_k}; do
-            IFS=: read variant dtype layout grid <<< "$spec"
+            IFS=: read variant dtype layout grid out_dtype <<< "$spec"
             timeout -s INT -k 20 ${TUNE_TIMEOUT:-150} python3 -m dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --dtype $dtype \
-              --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
-              --out $R/.gpucache/sweeps/$variant-$dtype-$layout-$grid${TUNE_SWEEP:+-${TUNE_SWEEP%.json}} --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
+              ${out_dtype:+--out-dtype $out_dtype} --variant $variant --layout $layout --problems benchmarks/sweeps/$grid.json --repeat ${TUNE_REPEAT:-15} \
+              --out $R/.gpucache/sweeps/$variant-$dtype${out_dtype:+-$out_dtype}-$layout-$grid${TUNE_SWEEP:+-${TUNE_SWEEP%.json}} --quiet 2>&1 | tail -3 | tee -a $OUT/tune.log
           done
           python3 -m dispatcher export-tuning $OUT/$(python3 -c "from dispatcher.targets import get; print(get('cuda').arch_id())").json \
             --about "catalog sweeps on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): bash benchmarks/gpu_session.sh tune (gemm-dispatcher sweep benchmarks/sweeps/${TUNE_SWEEP:-catalog.json} --target cuda --repeat ${TUNE_REPEAT:-15}; TUNE_SPECS ${TUNE_SPECS:-default})" \
