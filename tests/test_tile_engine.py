@@ -217,6 +217,27 @@ def test_an_interrupted_sweep_records_what_it_measured(tmp_path, faulty_env):
                       pytest.approx(float(r["latency_ms"])) for r in measured}
 
 
+def test_a_sweep_measures_every_kernel_on_a_share_of_the_problems_before_the_next_share():
+    """A sweep stopped early still ranks every kernel where it got to: jobs
+    run share by share (the problems of one index modulo 4, spanning the
+    grid; the same for every kernel, whatever a resumed sweep has left of
+    each), each share over every kernel, and together they hold each
+    (kernel, problem) pair once."""
+    from dispatcher.tile_engine.runner import PROBLEM_SHARES, share_jobs
+
+    configs = [attrs.make_class("C", ["name"])(n) for n in ("k1", "k2", "k3")]
+    todo = {"k1": list(range(10)), "k2": [0, 3, 5], "k3": []}
+    jobs = share_jobs(configs, todo)
+    assert [(j.config.name, j.problems) for j in jobs[:2]] == [("k1", (0, 4, 8)), ("k2", (0,))]
+    pairs = [(j.config.name, p) for j in jobs for p in j.problems]
+    assert sorted(pairs) == sorted((k, p) for k, ps in todo.items() for p in ps) and len(set(pairs)) == len(pairs)
+    share_of = {(j.config.name, p): i for i, j in enumerate(jobs) for p in j.problems}
+    first_share_ends = max(i for i, j in enumerate(jobs) if 0 in j.problems)
+    assert all(0 < i <= first_share_ends for (k, p), i in share_of.items() if p == 0 and k != "k1")
+    assert all(i > first_share_ends for (k, p), i in share_of.items() if p % PROBLEM_SHARES != 0)
+    assert share_jobs(configs, {"k3": []}) == []
+
+
 def _processes() -> dict:
     """{pid: (parent pid, session id, start time, state)} of every process, from /proc."""
     table = {}
