@@ -55,3 +55,20 @@ def test_merge_tuning_replaces_a_scope_or_adds_to_it():
                   for r in merge_tuning.merged(new, old + [other], add=True)}
     assert merged_set == {("rcr", "8x8x8", "k1", 0.5), ("rcr", "8x8x8", "k2", 2.0), ("rcr", "16x16x16", "k1", 3.0),
                           ("rcr", "8x8x8", "k3", 0.7), ("rrr", "8x8x8", "k1", 9.0)}
+
+
+def test_interleaved_timing_rotates_which_contender_goes_first(monkeypatch):
+    """common.time_interleaved: round r starts with the r-th contender, so
+    no contender always runs right after the same other one."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+    from dispatcher.timing import TimingOptions
+
+    ran = []
+    fns = {name: (lambda name=name: ran.append(name)) for name in ("a", "b", "c")}
+    times = iter(range(1, 100))
+    medians = common.time_interleaved(fns, TimingOptions(warmup=0, repeat=3), rounds=3, settle=0,
+                                      timer=lambda fn, options: [fn(0) or next(times)])
+    assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert medians == {"a": 6, "b": 4, "c": 5}  # a: 1, 6, 8; b: 2, 4, 9; c: 3, 5, 7
+    assert common.time_interleaved({}, TimingOptions(warmup=0, repeat=3), settle=0) == {}
