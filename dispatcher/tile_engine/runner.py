@@ -122,11 +122,12 @@ def share_jobs(configs, todo: dict, shares: int = PROBLEM_SHARES) -> list:
     """The jobs of `todo` ({name: [problem idx]}) in the order they run:
     every kernel on one share of its problems before any kernel on the
     next (share s: the problems whose index is s modulo `shares`, so each
-    spans the grid, and a resumed sweep's shares are the same problems). A sweep stopped early (a time limit, Ctrl-C) then holds
-    every kernel's time on the problems of the shares it finished, which
-    rank the kernels there, rather than the first kernels' times on every
-    problem and nothing of the rest (a 180 s sweep of 50 kernels on the GPU
-    measured 20 of them). A worker loads a library once per share."""
+    spans the grid, and a resumed sweep's shares are the same problems). A
+    sweep stopped early (a time limit, Ctrl-C) then holds every kernel's
+    time on the problems of the shares it finished, which rank the kernels
+    there, rather than the first kernels' times on every problem and
+    nothing of the rest (a 180 s sweep of 50 kernels on the GPU measured 20
+    of them). A worker loads a library once per share."""
     jobs = []
     for share in range(shares):
         for c in configs:

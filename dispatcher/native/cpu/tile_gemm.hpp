@@ -374,9 +374,14 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
             for (int64_t t = 0; t < tiles; ++t) errors.run([&] { work(t); });
         }
     } else {
-        std::unique_ptr<double[]> before(new double[size_t(tiles) + 1]);  // cost of the tiles before t
-        before[0] = 0.0;
-        for (int64_t t = 0; t < tiles; ++t) before[t + 1] = before[t] + cost(t);
+        // The cost of the tiles before tile t's middle, and of them all.
+        std::unique_ptr<double[]> middle(new double[size_t(tiles)]);
+        double total = 0.0;
+        for (int64_t t = 0; t < tiles; ++t) {
+            const double c = cost(t);
+            middle[t] = total + c / 2;
+            total += c;
+        }
 #pragma omp parallel num_threads(threads) proc_bind(close)
         {
             const int team = omp_get_num_threads(), r = omp_get_thread_num();
@@ -387,16 +392,7 @@ void parallel_tiles(int threads, int64_t tiles, Work&& work, int chunk = 0, Cost
             // full one starts just short of half the cost, so one thread
             // took both, 96% of the work: 0.54x OpenBLAS on 2 cores.)
             auto first = [&](int share) {
-                const double target = 2.0 * before[tiles] * share / team;
-                int64_t lo = 0, hi = tiles;
-                while (lo < hi) {
-                    const int64_t mid = lo + (hi - lo) / 2;
-                    if (before[mid] + before[mid + 1] < target)
-                        lo = mid + 1;
-                    else
-                        hi = mid;
-                }
-                return lo;
+                return std::lower_bound(middle.get(), middle.get() + tiles, total * share / team) - middle.get();
             };
             const int64_t end = r + 1 == team ? tiles : first(r + 1);
             for (int64_t t = first(r); t < end; ++t) errors.run([&] { work(t); });
