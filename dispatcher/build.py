@@ -43,7 +43,7 @@ from filelock import FileLock, Timeout
 
 from .errors import CacheError
 
-_FOLDERS = ("kernels", "tmp", "locks")
+_FOLDERS = ("kernels", "tmp", "locks", "toolchains")
 QUARANTINE_KEEP = 3  # moved-aside corrupt entries kept in tmp/ for a post-mortem
 _WHAT_TO_DO = "set DISPATCHER_CACHE_DIR to a writable directory"
 
@@ -262,7 +262,8 @@ class BuildCache:
         found = self._find(key, source.name, on_corrupt=_skip)
         if found:
             return found
-        return self._publish(key, source.name, lambda staging: self._compile_into(staging, source, toolchain))
+        return self._publish(key, source.name,
+                             lambda staging: self._compile_into(staging, source, toolchain, self.root / "toolchains"))
 
     def install(self, key: str, meta: dict, image: bytes) -> BuiltLibrary:
         """Publish a library built elsewhere (another host's cache entry: its
@@ -301,13 +302,14 @@ class BuildCache:
         return FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=timeout)
 
     @staticmethod
-    def _compile_into(staging: Path, source: GeneratedSource, toolchain):
-        """Write, compile and describe (meta.json) one entry in `staging`."""
+    def _compile_into(staging: Path, source: GeneratedSource, toolchain, shared_dir: Path):
+        """Write, compile and describe (meta.json) one entry in `staging`;
+        `shared_dir`: the toolchains' folder of what their builds share."""
         for filename, text in source.files:
             (staging / filename).write_text(text)
         lib_name = f"lib{source.name}.so"
         started = time.perf_counter()
-        toolchain.compile(staging / source.files[0][0], staging / lib_name, source.flags)
+        toolchain.compile(staging / source.files[0][0], staging / lib_name, source.flags, shared_dir=shared_dir)
         digest, embeds_name = _scan(staging / lib_name, _embedded(source.name))
         meta = {
             "name": source.name,

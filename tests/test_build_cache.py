@@ -10,6 +10,7 @@ import shutil
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import dispatcher
@@ -247,3 +248,68 @@ def test_only_the_newest_quarantined_copies_are_kept(tmp_path):
     kept = sorted(p.name for p in (cache.root / "tmp").glob("*.corrupt.*"))
     assert len(kept) == build.QUARANTINE_KEEP
     assert f"{built.key}.corrupt.4.1" in kept and f"{built.key}.corrupt.5.1" in kept  # and the new one
+
+
+@pytest.fixture
+def fresh_header_state(monkeypatch):
+    """precompiled_header's per-process state, fresh; and every compiler
+    command run, recorded (`commands`)."""
+    from dispatcher.targets import precompiled_header, toolchain
+    monkeypatch.setattr(precompiled_header, "_plain_builds", {})
+    monkeypatch.setattr(precompiled_header, "_unbuildable", set())
+    commands = []
+    run = toolchain.CompilerMixin.run_compiler
+
+    def recorded(self, args, what):
+        commands.append(list(args))
+        return run(self, args, what)
+    monkeypatch.setattr(toolchain.CompilerMixin, "run_compiler", recorded)
+    return precompiled_header, commands
+
+
+def _gemm_checked(root, tile_n, rng):
+    a = rng.standard_normal((37, 29)).astype(np.float32)
+    b = rng.standard_normal((29, 45)).astype(np.float32)
+    out = np.full((37, 45), np.nan, np.float32)
+    d = Dispatcher(cache=BuildCache(root))
+    dispatcher.gemm(a, b, out=out, config=dict(tile_m=24, tile_n=tile_n, tile_k=32), dispatcher=d)
+    assert np.abs(out - a.astype(np.float64) @ b).max() < 1e-4
+
+
+def test_kernels_build_with_a_precompiled_header_and_without_a_broken_one(tmp_path, fresh_header_state, rng,
+                                                                          monkeypatch):
+    """A process's first kernels of a toolchain build plainly; then it builds
+    the header into the cache's toolchains/ and later kernels include it.
+    A damaged header fails the build, which then succeeds without it, and is
+    discarded for a new one."""
+    header_module, commands = fresh_header_state
+    root = tmp_path / "cache"
+    monkeypatch.setattr(header_module, "PLAIN_FIRST", 1)
+    _gemm_checked(root, 32, rng)
+    assert len(commands) == 1 and "-include" not in commands[0]
+    assert not list((root / "toolchains").glob("pch-*/kernel.hpp.gch"))
+    _gemm_checked(root, 48, rng)  # builds the header, then the kernel with it
+    gch, = (root / "toolchains").glob("pch-*/kernel.hpp.gch")
+    assert "c++-header" in commands[1] and "-include" in commands[2]
+    assert not list((root / "toolchains").glob("staging-*"))
+
+    gch.write_bytes(gch.read_bytes()[:100_000])  # a truncated header: the build fails with it
+    _gemm_checked(root, 64, rng)
+    assert "-include" in commands[3] and "-include" not in commands[4]
+    assert not gch.exists()
+
+
+def test_a_compiler_that_cannot_precompile_leaves_no_header(tmp_path, fresh_header_state, monkeypatch):
+    header_module, commands = fresh_header_state
+    from dispatcher.targets import toolchain
+
+    def refuses(self, args, what):
+        commands.append(list(args))
+        raise errors.BuildError("unsupported: c++-header", "")
+    monkeypatch.setattr(toolchain.CompilerMixin, "run_compiler", refuses)
+    monkeypatch.setattr(header_module, "PLAIN_FIRST", 0)
+    folder = tmp_path / "toolchains"
+    assert header_module.precompiled_header(_toolchain(), folder) is None
+    assert list(folder.iterdir()) == [next(folder.glob("*.lock"))]  # no staging folder is left
+    assert header_module.precompiled_header(_toolchain(), folder) is None  # not tried again
+    assert len(commands) == 1

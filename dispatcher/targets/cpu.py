@@ -19,9 +19,10 @@ import subprocess
 import attrs
 
 from .. import dtypes
-from ..errors import ConfigError, ToolchainError
+from ..errors import BuildError, ConfigError, ToolchainError
 from ..records import MAX_WORKERS, Option
 from . import cpu_isa, register
+from .precompiled_header import discard, precompiled_header
 from .toolchain import NATIVE_DIR, CompilerMixin, headers_hash
 
 # C++ codec of each dtype token in dcpu:: (fp8 codecs take a decode table).
@@ -64,6 +65,21 @@ class Toolchain(CompilerMixin):
         flags = ("-O3", *spec.march, "-fopenmp", "-std=c++17", "-fPIC", "-shared",
                  "-fvisibility=hidden", f"-I{NATIVE_DIR}")
         return cls(path, flags, spec.name)
+
+    def compile(self, source, output, extra_flags=(), shared_dir=None) -> None:
+        """Compile with the toolchain's precompiled header where `shared_dir`
+        is given and one can be built there (precompiled_header.py). Should
+        the build fail with it and succeed without, the header was at fault
+        and is discarded; a kernel that fails both ways fails with the plain
+        build's errors."""
+        header = precompiled_header(self, shared_dir) if shared_dir is not None else None
+        if header is None:
+            return super().compile(source, output, extra_flags)
+        try:
+            super().compile(source, output, (*extra_flags, "-include", str(header)))
+        except BuildError:
+            super().compile(source, output, extra_flags)
+            discard(header)
 
     @functools.cached_property
     def identity(self) -> str:

@@ -39,15 +39,22 @@ class CompilerMixin:
     # instance builds in a few minutes.
     timeout_s = 1800
 
-    def compile(self, source: Path, output: Path, extra_flags=()) -> None:
-        cmd = [self.compiler, *self.flags, *extra_flags, str(source), "-o", str(output)]
+    def compile(self, source: Path, output: Path, extra_flags=(), shared_dir: Path | None = None) -> None:
+        """Compile `source` into `output`. `shared_dir`: a folder of the build
+        cache where a toolchain may keep what all its builds share (the cpu
+        target keeps its precompiled header there); this compile keeps nothing."""
+        self.run_compiler([*self.flags, *extra_flags, str(source), "-o", str(output)], source.name)
+
+    def run_compiler(self, args: list, what: str) -> None:
+        """Run the compiler with `args`; BuildError with its first errors if it fails."""
+        cmd = [self.compiler, *args]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            raise BuildError(f"{self.label} compilation of {source.name} ran over {self.timeout_s} s "
+            raise BuildError(f"{self.label} compilation of {what} ran over {self.timeout_s} s "
                              "and was stopped; check the compiler (and the machine's load)", "") from None
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines()
             errors = [l for l in lines if "error" in l] or lines
             first = "\n".join(line[:300] for line in errors[:12])
-            raise BuildError(f"{self.label} compilation of {source.name} failed:\n{first}", proc.stderr)
+            raise BuildError(f"{self.label} compilation of {what} failed:\n{first}", proc.stderr)
