@@ -18,7 +18,10 @@ forward, with W stored (N, K)) and dtype:
   out), as many threads as ours.
 
 Each is timed twice: alone, each library in its own process (nothing else
-loaded holds threads or caches), and alternating in one process
+loaded holds threads or caches; `--alone-rounds` rounds of one process per
+library, the order rotated each round, and the median of the rounds: a
+shared VM's speed drifts over minutes, and one round measured one library
+minutes after the other), and alternating in one process
 (`common.time_interleaved`: a burst of load on a shared machine lands on
 every contender alike). A contender whose first call takes over
 `SLOW_S` seconds (torch's bf16 and int8 on a CPU without their instructions
@@ -227,12 +230,31 @@ def run_child(spec: str, libraries: list, args, dtypes: list | None = None) -> d
 MODES = ("alone", "alternating")
 
 
+def alone_rows(spec: str, args) -> tuple:
+    """({library: rows}, {library: child}) of every library alone in its own
+    process, `args.alone_rounds` rounds in rotated order; each row's GOP/s
+    the median of its rounds (kernel names from the first)."""
+    rounds = {lib: [] for lib in LIBRARIES}
+    for r in range(args.alone_rounds):
+        for lib in LIBRARIES[r % len(LIBRARIES):] + LIBRARIES[:r % len(LIBRARIES)]:
+            rounds[lib].append(run_child(spec, [lib], args))
+    rows = {}
+    for lib, children in rounds.items():
+        rows[lib] = {}
+        for key, row in children[0]["rows"].items():
+            values = [c["rows"][key][lib] for c in children if lib in c["rows"].get(key, {})]
+            rows[lib][key] = {**row, lib: round(float(np.median(values)), 2), f"{lib}_rounds": values}
+    merged = {lib: {"environment": children[0]["environment"],
+                    "failed": {d: why for c in children for d, why in c["failed"].items()}}
+              for lib, children in rounds.items()}
+    return rows, merged
+
+
 def rows_for(spec: str, args) -> tuple:
     """(rows, environment, failed) of one spec: every library alone, then
     all alternating; failed: {"<libraries> <dtype>": why} of dead children."""
-    children = {lib: run_child(spec, [lib], args) for lib in LIBRARIES}
+    alone, children = alone_rows(spec, args)
     together = run_child(spec, list(LIBRARIES), args)
-    alone = {lib: child["rows"] for lib, child in children.items()}
     failed = {f"{name} {dtype}": why for name, child in [*children.items(), ("alternating", together)]
               for dtype, why in child["failed"].items()}
     keys = list(dict.fromkeys([*together["rows"], *(key for rows in alone.values() for key in rows)]))
@@ -245,6 +267,8 @@ def rows_for(spec: str, args) -> tuple:
         row = {"dtype": dtype, "layout": layout, "M": m, "N": n, "K": k,
                **{f: v for f, v in kernel.items() if "kernel" in f},
                "alone": {lib: alone[lib][key][lib] for lib in LIBRARIES if lib in alone[lib].get(key, {})},
+               "alone_rounds": {lib: alone[lib][key][f"{lib}_rounds"] for lib in LIBRARIES
+                                if lib in alone[lib].get(key, {})},
                "alternating": {lib: v for lib, v in measured.items() if "kernel" not in lib}}
         fp32 = {"alternating": together["rows"].get(f"{shape} fp32 {layout}", {}).get("ours"),
                 "alone": alone["ours"].get(f"{shape} fp32 {layout}", {}).get("ours")}
@@ -307,6 +331,8 @@ def main():
                     help="A, B and C storage, comma-separated: rrr (numpy's a @ b), rcr (x @ W.T: a Linear's forward), ...")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--best", action="store_true", help="also the best of a few block tiles")
+    ap.add_argument("--alone-rounds", type=int, default=3,
+                    help="rounds of one process per library for the alone figures (median of them)")
     ap.add_argument("--out", default="cpu_gemm", help="name under benchmarks/results, or a path")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--libraries", help=argparse.SUPPRESS)
