@@ -60,16 +60,18 @@ def test_explain_skinny_and_large_problems_choose_different_tiles():
 
 def test_the_fp8_catalogs_leave_out_tiles_whose_two_accumulators_spill():
     """fp8 kernels hold a second fp32 accumulator per warp group: the
-    catalogs keep tiles of at most 64x128 per consumer warp group for fp8
-    (128x128 cooperative, 64x128 ping-pong) in every variant, and bf16
+    catalogs keep tiles of at most 64x192 per consumer warp group for fp8
+    (128x192 cooperative, 64x192 ping-pong) in every variant, and bf16
     keeps its large tiles."""
     for variant in ("regular", "stream_k", "grouped", "batched"):
         fp8 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "fp8_e4m3", "fp16", "rcr", variant, "cuda"))
         bf16 = Dispatcher(tuning=None).candidates(GemmProblem(1, 1, 1, "bf16", "bf16", "rcr", variant, "cuda"))
-        assert fp8 and all(c.tile_m * c.tile_n <= (128 * 128 if c.target_params["schedule"] == "cooperative"
-                                                    else 64 * 128) for c in fp8), [c.name for c in fp8]
-        assert any(c.tile_m * c.tile_n > 128 * 128 for c in bf16), variant
-    assert targets.cuda.fp8_fits(dict(tile_m=128, tile_n=128, schedule="cooperative"))
+        assert fp8 and all(c.tile_m * c.tile_n <= (128 * 192 if c.target_params["schedule"] == "cooperative"
+                                                    else 64 * 192) for c in fp8), [c.name for c in fp8]
+        assert any(c.tile_m * c.tile_n > 128 * 192 for c in bf16), variant
+    assert targets.cuda.fp8_fits(dict(tile_m=128, tile_n=192, schedule="cooperative"))
+    assert not targets.cuda.fp8_fits(dict(tile_m=128, tile_n=256, schedule="cooperative"))
+    assert targets.cuda.fp8_fits(dict(tile_m=64, tile_n=192, schedule="pingpong"))
     assert not targets.cuda.fp8_fits(dict(tile_m=64, tile_n=256, schedule="pingpong"))
 
 

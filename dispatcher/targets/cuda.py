@@ -119,13 +119,14 @@ def fp8_fits(entry: dict) -> bool:
     """Whether an fp8 kernel of this tile keeps its accumulators in
     registers: CUTLASS's fp8 mainloop (without fast accumulation) adds each
     few MMAs' partial sums into a second fp32 accumulator, so a consumer
-    warp group holds two; past 64x128 per warp group they spill (nvcc
-    -Xptxas -v, 128x256x128: 854 bytes of spill stores) and ran 2.5x
-    slower than 128x128x128 on the H100 (4096^3: 309 vs 120 us;
+    warp group holds two; past 64x192 per warp group they spill (nvcc 13.0
+    -Xptxas -v, sm_90a: 128x256x128 cooperative 858 bytes of spill stores,
+    128x192x128 none) and 128x256x128 ran 2.5x slower than 128x128x128 on
+    the H100 (4096^3: 309 vs 120 us;
     benchmarks/results/cuda_gemm_fp8_grouped_h100_64b8fe4.json). Cooperative tiles
     split over two warp groups, ping-pong tiles take one each."""
     groups = 2 if entry.get("schedule") == "cooperative" else 1
-    return entry["tile_m"] * entry["tile_n"] <= 64 * 128 * groups
+    return entry["tile_m"] * entry["tile_n"] <= 64 * 192 * groups
 
 
 @attrs.frozen

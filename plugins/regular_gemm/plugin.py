@@ -132,11 +132,14 @@ def template_values(config, target):
             "tree": int(opts["reduction"] == "tree")}
 
 
-# fp8's own: its 128x128 tile (the largest whose two accumulators fit,
-# `cuda.fp8_fits`) swizzled, which ran 8192^3 at 0.81x torch._scaled_mm
-# against 0.75-0.78x unswizzled and 6144^3 at 0.82x against 0.78x (H100,
-# benchmarks/results/tile_probe_h100_aaf0389.json); unmeasured for 16-bit types.
-FP8_CATALOG = (_coop(128, 128, 2, 1, swizzle=2),)
+# fp8's own: its 128x128 tile swizzled, which ran 8192^3 at 0.81x
+# torch._scaled_mm against 0.75-0.78x unswizzled and 6144^3 at 0.82x against
+# 0.78x (H100, benchmarks/results/tile_probe_h100_aaf0389.json); unmeasured
+# for 16-bit types. And 128x192, the largest cooperative tile whose two
+# accumulators fit (`cuda.fp8_fits`): half again the reuse of 128x128, whose
+# best kernels ran 0.77-0.85x torch._scaled_mm (cuda_gemm_fp8_h100_c7c89ef.json);
+# not yet measured.
+FP8_CATALOG = (_coop(128, 128, 2, 1, swizzle=2), _coop(128, 192, 2, 1), _coop(128, 192, 1, 2))
 
 
 def default_configs(target, dtype, layout):
