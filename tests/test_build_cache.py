@@ -278,28 +278,28 @@ def _gemm_checked(root, tile_n, rng):
 
 def test_kernels_build_with_a_precompiled_header_and_without_a_broken_one(tmp_path, fresh_header_state, rng,
                                                                           monkeypatch):
-    """A process's first kernels of a toolchain build plainly; then it builds
-    the header into the cache's toolchains/ and later kernels include it.
-    A damaged header fails the build, which then succeeds without it, and is
-    discarded for a new one."""
+    """The header is built into the cache's toolchains/ and kernels include
+    it; a damaged header fails the build, which then succeeds without it,
+    and is discarded for a new one."""
     header_module, commands = fresh_header_state
     root = tmp_path / "cache"
-    monkeypatch.setattr(header_module, "PLAIN_FIRST", 1)
-    _gemm_checked(root, 32, rng)
-    assert len(commands) == 1 and "-include" not in commands[0]
-    assert not list((root / "toolchains").glob("pch-*/kernel.hpp.gch"))
+    monkeypatch.setattr(header_module, "PLAIN_FIRST", 0)
     _gemm_checked(root, 48, rng)  # builds the header, then the kernel with it
     gch, = (root / "toolchains").glob("pch-*/kernel.hpp.gch")
-    assert "c++-header" in commands[1] and "-include" in commands[2]
+    assert "c++-header" in commands[0] and "-include" in commands[1]
     assert not list((root / "toolchains").glob("staging-*"))
 
     gch.write_bytes(gch.read_bytes()[:100_000])  # a truncated header: the build fails with it
     _gemm_checked(root, 64, rng)
-    assert "-include" in commands[3] and "-include" not in commands[4]
+    assert "-include" in commands[2] and "-include" not in commands[3]
     assert not gch.exists()
 
 
-def test_a_compiler_that_cannot_precompile_leaves_no_header(tmp_path, fresh_header_state, monkeypatch):
+def test_the_header_waits_for_a_caches_first_builds_and_a_compiler_that_cannot_make_it(
+        tmp_path, fresh_header_state, monkeypatch):
+    """No header for a process's first PLAIN_FIRST builds in a cache (each
+    cache counts its own); a compiler that cannot precompile is asked once
+    and leaves nothing behind."""
     header_module, commands = fresh_header_state
     from dispatcher.targets import toolchain
 
@@ -307,9 +307,14 @@ def test_a_compiler_that_cannot_precompile_leaves_no_header(tmp_path, fresh_head
         commands.append(list(args))
         raise errors.BuildError("unsupported: c++-header", "")
     monkeypatch.setattr(toolchain.CompilerMixin, "run_compiler", refuses)
-    monkeypatch.setattr(header_module, "PLAIN_FIRST", 0)
-    folder = tmp_path / "toolchains"
+    monkeypatch.setattr(header_module, "PLAIN_FIRST", 2)
+    folder, other = tmp_path / "toolchains", tmp_path / "other" / "toolchains"
+    for _ in range(2):
+        assert header_module.precompiled_header(_toolchain(), folder) is None
+        assert header_module.precompiled_header(_toolchain(), other) is None
+    assert commands == []  # not tried yet
     assert header_module.precompiled_header(_toolchain(), folder) is None
+    assert len(commands) == 1 and "c++-header" in commands[0]
     assert list(folder.iterdir()) == [next(folder.glob("*.lock"))]  # no staging folder is left
     assert header_module.precompiled_header(_toolchain(), folder) is None  # not tried again
     assert len(commands) == 1

@@ -8,10 +8,11 @@ cache and named with `-include`, a kernel builds in 3.2 s, to the same
 machine code (GCC uses a `.gch` beside the header it includes, and parses
 the header itself where that one does not fit the command).
 
-It costs about one kernel's build, so a process builds it only once it has
-compiled PLAIN_FIRST kernels of the toolchain without it: a user's first
-call that builds one kernel pays nothing for it, a catalog's prebuild or a
-sweep gains from the third kernel on, and every later process finds it.
+It costs about one kernel's build, so a process builds it into a cache only
+once it has compiled PLAIN_FIRST kernels of the toolchain there without it:
+a user's first call that builds one kernel pays nothing for it, a catalog's
+prebuild or a sweep gains from the third kernel on, and every later process
+finds it.
 
 The header is published like a cache entry: built in a staging folder under
 a lock and renamed into place, so a kill leaves no half-written one; where it
@@ -35,8 +36,8 @@ from ..errors import BuildError
 
 INCLUDES = ("dispatcher_abi.h", "cpu/tile_gemm.hpp")  # as every generated source starts
 KEEP = 8  # precompiled headers kept per cache (one per ISA spec and headers version in use)
-PLAIN_FIRST = 2  # kernels a process builds without the header before it builds one
-_plain_builds: dict = {}  # key -> kernels this process built without its header
+PLAIN_FIRST = 2  # kernels a process builds in a cache without the header before it builds one there
+_plain_builds: dict = {}  # (folder, key) -> kernels this process built there without its header
 _unbuildable: set = set()  # keys whose header failed to build in this process
 
 
@@ -48,13 +49,13 @@ def _key(toolchain) -> str:
 def precompiled_header(toolchain, folder: Path) -> Path | None:
     """The header for `toolchain`'s builds to `-include`, its `.gch` built
     into `folder` the first time; None where it cannot be built, and for
-    this process's first PLAIN_FIRST builds while there is none."""
+    this process's first PLAIN_FIRST builds there while there is none."""
     key = _key(toolchain)
     home = folder / f"pch-{key}"
     if (home / "kernel.hpp.gch").is_file():
         return home / "kernel.hpp"
-    if key in _unbuildable or _plain_builds.get(key, 0) < PLAIN_FIRST:
-        _plain_builds[key] = _plain_builds.get(key, 0) + 1
+    if key in _unbuildable or _plain_builds.get((folder, key), 0) < PLAIN_FIRST:
+        _plain_builds[(folder, key)] = _plain_builds.get((folder, key), 0) + 1
         return None
     folder.mkdir(mode=0o700, exist_ok=True)
     with FileLock(str(folder / f"pch-{key}.lock")):
