@@ -77,8 +77,9 @@ def precompiled_header(toolchain, folder: Path) -> Path | None:
 
 
 def discard(header: Path) -> None:
-    """Remove a precompiled header a build failed with where the plain build
-    succeeded: the next build makes a new one."""
+    """Remove a precompiled header (one a build failed with where the plain
+    build succeeded, or one pruned): moved aside first, so no build finds
+    half of it; the next build makes a new one."""
     aside = header.parent.with_name(f"discarded-{header.parent.name}.{time.time_ns()}")
     try:
         os.rename(header.parent, aside)
