@@ -91,6 +91,13 @@ def time_call(fn, timing: TimingOptions) -> float:
     return median(measure(lambda i: fn(), timing))
 
 
+def rotated(items, r: int) -> list:
+    """`items` starting at its r-th (modulo its length): round r of a
+    comparison starts with another contender each round."""
+    items = list(items)
+    return items[r % len(items):] + items[:r % len(items)] if items else []
+
+
 def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: float = 0.3,
                      timer=measure) -> dict:
     """{name: median seconds} of several callables, timed in alternating
@@ -109,9 +116,8 @@ def time_interleaved(fns: dict, timing: TimingOptions, rounds: int = 5, settle: 
     fixed order and 0.88-0.92 in shuffled ones)."""
     per_round = attrs.evolve(timing, repeat=max(1, timing.repeat // rounds))
     times = {name: [] for name in fns}
-    order = list(fns.items())
-    for r in range(rounds if order else 0):
-        for name, fn in order[r % len(order):] + order[:r % len(order)]:
+    for r in range(rounds):
+        for name, fn in rotated(fns.items(), r):
             time.sleep(settle)
             times[name] += timer(lambda i: fn(), per_round)
     return {name: median(t) for name, t in times.items()}

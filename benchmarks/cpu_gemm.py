@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, environment, geomean, load_shapes, pyplot, time_call, time_interleaved, write
+from common import (RESULTS, environment, geomean, load_shapes, pyplot, rotated, time_call, time_interleaved,
+                    write)
 from dispatcher.api import Dispatcher
 from dispatcher.build import BuildCache
 from dispatcher.cli import run_once
@@ -236,7 +237,7 @@ def alone_rows(spec: str, args) -> tuple:
     the median of its rounds (kernel names from the first)."""
     rounds = {lib: [] for lib in LIBRARIES}
     for r in range(args.alone_rounds):
-        for lib in LIBRARIES[r % len(LIBRARIES):] + LIBRARIES[:r % len(LIBRARIES)]:
+        for lib in rotated(LIBRARIES, r):
             rounds[lib].append(run_child(spec, [lib], args))
     rows = {}
     for lib, children in rounds.items():
