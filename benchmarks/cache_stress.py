@@ -190,11 +190,11 @@ class Worker:
             finally:
                 worker.set_state(before)
 
-        def observed_compile(staging, source, toolchain):
+        def observed_compile(staging, source, *rest):
             worker.set_state("compile")
             worker.event("compile", name=source.name)
             started = time.monotonic()
-            compile_into(staging, source, toolchain)
+            compile_into(staging, source, *rest)
             worker.count("compile_seconds_ms", int(1000 * (time.monotonic() - started)))
             worker.set_state("gemm")
 
