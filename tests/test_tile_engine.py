@@ -207,14 +207,16 @@ def test_an_interrupted_sweep_records_what_it_measured(tmp_path, faulty_env):
     finally:
         _kill_session(proc)
     measured = [r for r in results.read(out) if r["status"] == "ok"]
-    assert proc.returncode == 130 and "gemm-dispatcher: interrupted" in log.read_text()
-    assert 2 <= len(measured) < 2 * len(SMALL_PROBLEMS), "the interrupt came too late to test anything"
+    said = log.read_text()
+    assert proc.returncode == 130 and "gemm-dispatcher: interrupted" in said, (proc.returncode, said[-2000:])
+    assert 2 <= len(measured) < 2 * len(SMALL_PROBLEMS), \
+        f"the interrupt came too late to test anything ({len(measured)} rows): {said[-2000:]}"
     import sqlite3  # (the faulty variant is not registered in this process: the rows as stored)
     with contextlib.closing(sqlite3.connect(tmp_path / "cache" / "tuning.sqlite")) as con:
         stored = {(problem, kernel): ms for problem, kernel, ms in
                   con.execute("SELECT problem, kernel, latency_ms FROM timings WHERE variant = 'faulty'")}
     assert stored == {("x".join(map(str, SMALL_PROBLEMS[int(r["problem_idx"])])), r["kernel"]):
-                      pytest.approx(float(r["latency_ms"])) for r in measured}
+                      pytest.approx(float(r["latency_ms"])) for r in measured}, said[-2000:]
 
 
 def test_a_sweep_measures_every_kernel_on_a_share_of_the_problems_before_the_next_share():
