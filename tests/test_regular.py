@@ -81,6 +81,35 @@ def test_one_tile_row_runs_k_blocks_outermost(dtype, layout, rng):
     check_small_config(dtype, layout, cases, (9, 700, 70), rng)
 
 
+@pytest.mark.parametrize("dtype, layout", parity_grid("regular", ("fp32", "bf16"), LAYOUTS))
+def test_rows_enough_for_every_thread_share_b_panels(dtype, layout, rng):
+    """At least 512 output rows a thread, a float output, beta 0 and two K
+    blocks or more: K blocks outermost over the whole output, one B panel per
+    K block packed by all the threads and shared, the sums kept in C
+    (tile_gemm.hpp's compute_shared_panels), on one, two and three workers,
+    with partial micro-tiles at C's edges, a partial last K block, a second
+    column chunk (2100 columns: panels of 2048 at tile_k 256) and the fused
+    bias, activation and alpha applied to C after the last K block; poisoned
+    outputs against float64 on the same inputs."""
+    config = dispatcher.KernelConfig.create(dtype=dtype, layout=layout, dtype_c="fp32", **SMALL)
+    wide = config.replace(tile_k=256)
+    for (m, n, k), workers, cfg in [((1100, 77, 150), 2, config), ((530, 45, 70), 1, config),
+                                    ((1601, 40, 100), 3, config), ((1030, 2100, 300), 2, wide)]:
+        a = random_matrix(m, k, dtype, layout[0], rng)
+        b = random_matrix(k, n, dtype, layout[1], rng)
+        out = run_checked(a, b, config=cfg, out_dtype="fp32", options={"workers": workers})
+        assert max_rel(out, reference(a, b)) <= tolerance(cfg, k), (dtype, layout, (m, n, k), workers)
+    m, n, k = 1040, 70, 90
+    a, b = random_matrix(m, k, dtype, layout[0], rng), random_matrix(k, n, dtype, layout[1], rng)
+    bias = random_matrix(1, n, "fp32", "r", rng)[0]
+    out = poison(np.empty((m, n), np.float32))
+    dispatcher.matmul(a, b, bias=bias, activation="gelu", alpha=0.5, out=out,
+                      config=config.replace(bias="col", activation="gelu"),
+                      options={"workers": 2})
+    ref = reference(a, b, alpha=0.5, bias=bias, activation="gelu")
+    assert max_rel(out, ref) <= tolerance(config, k), (dtype, layout, "bias + gelu")
+
+
 @pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
 def test_fp8_output_dtype_choice(out_dtype, rng):
     a = random_matrix(45, 33, "fp8_e5m2", "r", rng)

@@ -1397,4 +1397,176 @@ class SharedPackedA {
     }
 };
 
+
+// ------------------------------------------------------ shared B panels ----
+// Where every thread has rows enough, a problem runs as GotoBLAS and
+// OpenBLAS run it: K blocks outermost over the whole output, one B panel per
+// K block (kShareBytes of it at a time, all of N where that fits) packed once
+// by all the threads together and shared, each thread's own run of output
+// rows in A blocks of `panel_rows` against all of it, the micro-kernels adding into C
+// itself. Against the tile schedule (each thread its own columns, every K
+// block of one block tile into the tile's accumulator) this packs A once, not
+// once per column tile, keeps one B panel in the shared L3 for both threads
+// rather than one per thread, and reads each B sliver from L3 once per A
+// block; C is what streams, each micro-tile prefetched during the one before.
+// On the 2-core EPYC (Zen 3, AVX2, 2 threads, in-process A/B against the
+// tiles, each beside numpy in alternating rounds; this VM's ratios move by
+// 0.05-0.1 between runs): 2048^3 0.80-0.85 -> 0.88-1.06x OpenBLAS (one run
+// of eight 0.90 -> 0.82), 1024 x 4096 x 2048 0.92 -> 0.99, 4096 x 4096 x 1024
+// 0.90-0.97 -> 0.85-0.99, 1024^3 alike; with 256 or fewer rows a thread it
+// was as often slower (512 x 4096 x 1024 0.90 -> 0.78, 300 x 4096 x 1024
+// 0.94-1.02 -> 0.73-0.94; 257 x 1031 x 2049 0.90 -> 1.02), hence
+// kPanelRowsPerThread.
+constexpr size_t kShareBytes = size_t(2) << 20;
+
+// Rows of the A blocks a thread packs in turn: up to kPanelRows whatever the
+// tile's MC (each B sliver from L3 serves kPanelRows / MR micro-kernels).
+// Measured at 2048^3 (2 threads, A/B as above): blocks of 24 rows 0.91x
+// OpenBLAS, 48 0.94-1.06, 72 0.88, 96 0.88-0.93, 192 0.72-0.84: a larger A
+// block no longer stays in L2 beside the C lines and the B sliver it meets.
+constexpr int kPanelRows = 48;
+
+// Output rows each thread must have for `compute_shared_panels`.
+constexpr int64_t kPanelRowsPerThread = 512;
+
+template <class T>
+constexpr int panel_rows() {
+    return std::min(T::MC, std::max(T::MR, kPanelRows / T::MR * T::MR));
+}
+
+// Whether `compute_shared_panels` runs P: a float output that is the
+// accumulator's type (C holds the sums between K blocks), nothing of C read
+// (beta 0), one GEMM with A not packed ahead, two K blocks or more, each
+// thread two A blocks (`panel_rows`) of rows or more, and micro-kernels
+// that take a C stride (not AMX's tiles).
+template <class T>
+bool runs_shared_panels(const Problem<T>& P, int threads) {
+    if constexpr (!std::is_same_v<typename T::C::storage, float> || !std::is_same_v<typename T::Acc, float> ||
+                  T::tiles) {
+        return false;
+    } else {
+        return P.beta == 0.0 && P.batch == 1 && !P.packed_a && P.k_iters() > 1 &&
+               P.m >= kPanelRowsPerThread * std::max(threads, 1);
+    }
+}
+
+// Every micro-tile of A block [i0, i0 + mc) against B panel `panel` (slivers
+// of columns [j0, j0 + nb), K block kb of depth kc), added into C (written
+// where `add` is false). A micro-tile past C's edge goes through `edge`.
+template <class T>
+void panel_block(const Problem<T>& P, const unsigned char* a_panel, const unsigned char* panel, int64_t i0,
+                 int mc, int64_t j0, int64_t nb, int kc, bool add, typename T::Acc* edge) {
+    using Acc = typename T::Acc;
+    constexpr int MR = T::MR, NR = T::NR;
+    const int m_slivers = (mc + MR - 1) / MR;
+    const int64_t n_slivers = (nb + NR - 1) / NR;
+    LinePrefetcher none;
+    for (int64_t sn = 0; sn < n_slivers; ++sn) {
+        const int64_t j = j0 + sn * NR;
+        const int cols = static_cast<int>(std::min<int64_t>(NR, P.n - j));
+        for (int sm = 0; sm < m_slivers; ++sm) {
+            const int64_t i = i0 + sm * MR;
+            const int rows = std::min(MR, mc - sm * MR);
+            // The next micro-tile's C lines, requested now: C comes from memory.
+            const bool down = sm + 1 < m_slivers;
+            const int64_t ni = down ? i + MR : i0, nj = down ? j : j + NR;
+            if (nj < j0 + nb)
+                for (int x = 0; x < MR && ni + x < i0 + mc; ++x) {
+                    __builtin_prefetch(P.c + (ni + x) * P.ldc + nj, 1, 3);
+                    __builtin_prefetch(P.c + (ni + x) * P.ldc + std::min(nj + NR, P.n) - 1, 1, 3);
+                }
+            const unsigned char* a = a_panel + sm * T::a_sliver_bytes(kc);
+            const unsigned char* b = panel + sn * T::b_sliver_bytes(kc);
+            Acc* c = P.c + i * P.ldc + j;
+            if (rows == MR && cols == NR) {
+                micro_kernel<T>(kc, a, b, c, P.ldc, add, none);
+                continue;
+            }
+            if (add)
+                for (int x = 0; x < rows; ++x) std::copy(c + x * P.ldc, c + x * P.ldc + cols, edge + x * NR);
+            micro_kernel<T>(kc, a, b, edge, NR, add, none);
+            for (int x = 0; x < rows; ++x) std::copy(edge + x * NR, edge + x * NR + cols, c + x * P.ldc);
+        }
+    }
+}
+
+// The epilogue of rows [r0, r1) x columns [j0, j0 + nb) of C, which holds
+// the sums: a block tile at a time through the thread's accumulator and
+// `store_tile`. A plain epilogue with alpha 1 has nothing to do.
+template <class T, class Epi>
+void panel_epilogue(const Problem<T>& P, int64_t r0, int64_t r1, int64_t j0, int64_t nb) {
+    if (Epi::plain && P.alpha == 1.0) return;
+    auto* acc = Buffers<T>::local().acc.get();
+    for (int64_t i0 = r0; i0 < r1; i0 += T::MC) {
+        const int mc = static_cast<int>(std::min<int64_t>(T::MC, r1 - i0));
+        for (int64_t jc = j0; jc < j0 + nb; jc += T::NC) {
+            const int nc = static_cast<int>(std::min<int64_t>(T::NC, j0 + nb - jc));
+            for (int x = 0; x < mc; ++x) {
+                const auto* row = P.c + (i0 + x) * P.ldc + jc;
+                std::copy(row, row + nc, acc + size_t(x) * T::NC);
+            }
+            store_tile<T, Epi>(P, i0, mc, jc, nc, acc);
+        }
+    }
+}
+
+// All of a `runs_shared_panels` problem on `threads` threads: per column
+// chunk and K block, every thread packs its share of the panel, and after a
+// barrier computes its rows against all of it. (Packing the next panel in
+// pieces between A blocks, two panels alternating, was slower at 2048^3:
+// 0.82 against 0.90x OpenBLAS on tiles in the same run; the packing's reads
+// then evict the A block and C lines the micro-kernels are using.)
+template <class T, class Epi = PlainEpilogue>
+void compute_shared_panels(const Problem<T>& P, int threads) {
+    using Acc = typename T::Acc;
+    constexpr int MR = T::MR, NR = T::NR, KC = T::KC;
+    const size_t sliver = T::b_sliver_bytes(KC);
+    const int64_t width = std::min<int64_t>((P.n + NR - 1) / NR, std::max<size_t>(1, kShareBytes / sliver)) * NR;
+    static thread_local KeptBuffer kept;  // the calling thread's: two callers never share a panel
+    unsigned char* const panel = kept.reserve(size_t(width / NR) * sliver);
+    const int64_t share = ((P.m + threads - 1) / threads + MR - 1) / MR * MR;  // rows a thread, whole micro-tiles
+    RegionErrors errors;
+    const WorkerPlacement placement;
+#pragma omp parallel num_threads(threads) proc_bind(close)
+    {
+        const int team = omp_get_num_threads(), r = omp_get_thread_num();
+        placement.settle(r, team);
+        const int64_t r0 = std::min(P.m, r * share), r1 = std::min(P.m, (r + 1) * share);
+        // The thread's rows in blocks of equal micro-tile counts: a last
+        // block of one micro-tile would read every B sliver for one
+        // micro-kernel (300 x 4096 x 1024 ran at 0.69-0.79x OpenBLAS).
+        const int64_t micro = (r1 - r0 + MR - 1) / MR, per_block = panel_rows<T>() / MR;
+        const int64_t blocks = (micro + per_block - 1) / per_block;
+        alignas(64) Acc edge[MR * NR];
+        for (int64_t j0 = 0; j0 < P.n; j0 += width) {
+            const int64_t nb = std::min(width, P.n - j0), slivers = (nb + NR - 1) / NR;
+            const int64_t s0 = slivers * r / team, s1 = slivers * (r + 1) / team;
+            for (int64_t kb = 0; kb < P.k; kb += KC) {
+                const int kc = static_cast<int>(std::min<int64_t>(KC, P.k - kb));
+#pragma omp barrier
+                // Every thread is done with the last panel: each packs its share of this one.
+                if (s1 > s0)
+                    errors.run([&] {
+                        pack_b<T>(P, kb, kc, j0 + s0 * NR, static_cast<int>(std::min(nb, s1 * NR) - s0 * NR),
+                                  panel + size_t(s0) * T::b_sliver_bytes(kc));
+                    });
+#pragma omp barrier
+                errors.run([&] {
+                    unsigned char* a_panel = Buffers<T>::local().a_panel.get();
+                    for (int64_t q = 0; q < blocks; ++q) {
+                        const int64_t i0 = r0 + micro * q / blocks * MR;
+                        const int mc = static_cast<int>(std::min(r1, r0 + micro * (q + 1) / blocks * MR) - i0);
+                        pack_a<T>(P, i0, mc, kb, kc, a_panel);
+                        panel_block<T>(P, a_panel, panel, i0, mc, j0, nb, kc, kb > 0, edge);
+                    }
+                });
+            }
+            errors.run([&] { panel_epilogue<T, Epi>(P, r0, r1, j0, nb); });
+        }
+        if constexpr (kGuardBytes > 0) errors.run([&] { Buffers<T>::local().check_guards(); });
+    }
+    errors.rethrow();
+    if constexpr (kGuardBytes > 0) check_guards(kept.buffer.get(), kept.capacity, "shared B panel");
+}
+
 }  // namespace dcpu

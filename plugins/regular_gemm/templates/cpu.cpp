@@ -13,6 +13,10 @@ int run(const dispatcher_gemm_args* args) {
             dcpu::vector_product<T, Epi>(P, threads);
             return DISPATCHER_OK;
         }
+        if (dcpu::runs_shared_panels(P, threads)) {  // rows enough for every thread: one B panel for all
+            dcpu::compute_shared_panels<T, Epi>(P, threads);
+            return DISPATCHER_OK;
+        }
         P.reuse_b_panels = tiles >= 2 * threads;  // each thread runs two tiles or more
         dcpu::SharedPackedA<T> shared_a;
         shared_a.pack(P, threads);
