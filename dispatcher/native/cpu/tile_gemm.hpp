@@ -1440,14 +1440,13 @@ constexpr int panel_rows() {
 // thread two A blocks (`panel_rows`) of rows or more, and micro-kernels
 // that take a C stride (not AMX's tiles).
 template <class T>
+constexpr bool kSumsInC =
+    std::is_same_v<typename T::C::storage, float> && std::is_same_v<typename T::Acc, float> && !T::tiles;
+
+template <class T>
 bool runs_shared_panels(const Problem<T>& P, int threads) {
-    if constexpr (!std::is_same_v<typename T::C::storage, float> || !std::is_same_v<typename T::Acc, float> ||
-                  T::tiles) {
-        return false;
-    } else {
-        return P.beta == 0.0 && P.batch == 1 && !P.packed_a && P.k_iters() > 1 &&
-               P.m >= kPanelRowsPerThread * std::max(threads, 1);
-    }
+    return kSumsInC<T> && P.beta == 0.0 && P.batch == 1 && !P.packed_a && P.k_iters() > 1 &&
+           P.m >= kPanelRowsPerThread * std::max(threads, 1);
 }
 
 // Every micro-tile of A block [i0, i0 + mc) against B panel `panel` (slivers
@@ -1516,8 +1515,8 @@ void panel_epilogue(const Problem<T>& P, int64_t r0, int64_t r1, int64_t j0, int
 // pieces between A blocks, two panels alternating, was slower at 2048^3:
 // 0.82 against 0.90x OpenBLAS on tiles in the same run; the packing's reads
 // then evict the A block and C lines the micro-kernels are using.)
-template <class T, class Epi = PlainEpilogue>
-void compute_shared_panels(const Problem<T>& P, int threads) {
+template <class T, class Epi>
+void shared_panels(const Problem<T>& P, int threads) {
     using Acc = typename T::Acc;
     constexpr int MR = T::MR, NR = T::NR, KC = T::KC;
     const size_t sliver = T::b_sliver_bytes(KC);
@@ -1567,6 +1566,12 @@ void compute_shared_panels(const Problem<T>& P, int threads) {
     }
     errors.rethrow();
     if constexpr (kGuardBytes > 0) check_guards(kept.buffer.get(), kept.capacity, "shared B panel");
+}
+
+// `shared_panels` where the kernel's types allow it (`runs_shared_panels`).
+template <class T, class Epi = PlainEpilogue>
+void compute_shared_panels(const Problem<T>& P, int threads) {
+    if constexpr (kSumsInC<T>) shared_panels<T, Epi>(P, threads);
 }
 
 }  // namespace dcpu
