@@ -1434,15 +1434,16 @@ constexpr int panel_rows() {
     return std::min(T::MC, std::max(T::MR, kPanelRows / T::MR * T::MR));
 }
 
-// Whether `compute_shared_panels` runs P: a float output that is the
-// accumulator's type (C holds the sums between K blocks), nothing of C read
-// (beta 0), one GEMM with A not packed ahead, two K blocks or more, each
-// thread two A blocks (`panel_rows`) of rows or more, and micro-kernels
-// that take a C stride (not AMX's tiles).
+// Whether a kernel's C can hold its sums between K blocks: a float output
+// that is the accumulator's type, and micro-kernels that take a C stride
+// (not AMX's tiles).
 template <class T>
 constexpr bool kSumsInC =
     std::is_same_v<typename T::C::storage, float> && std::is_same_v<typename T::Acc, float> && !T::tiles;
 
+// Whether `compute_shared_panels` runs P: a kernel with `kSumsInC`, nothing
+// of C read (beta 0), one GEMM with A not packed ahead, two K blocks or
+// more, and kPanelRowsPerThread rows a thread.
 template <class T>
 bool runs_shared_panels(const Problem<T>& P, int threads) {
     return kSumsInC<T> && P.beta == 0.0 && P.batch == 1 && !P.packed_a && P.k_iters() > 1 &&
